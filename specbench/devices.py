@@ -1,0 +1,111 @@
+"""Devices: pick device and dtype, read clocks honestly, track peak memory per request."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """`auto` takes the first CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device '{name}' requested but CUDA is not available; use device = \"cpu\" or \"auto\"")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto`: bfloat16 on GPUs that support it, float16 on older GPUs, float32 on the CPU."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return _cpu_model_name()
+
+
+def _cpu_model_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Clock:
+    """Seconds since construction, read only after the device has finished its queued work."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        synchronize(device)
+        self.start = time.perf_counter()
+
+    def now(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter() - self.start
+
+
+class PeakMemory:
+    """Peak memory growth over a region: CUDA `max_memory_allocated` after a reset; on the CPU the
+    process's peak RSS (VmHWM, reset through /proc/self/clear_refs) over the RSS at the start."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._base: int | None = 0
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        else:
+            _reset_peak_rss()
+            rss_kb = _status_kb("VmRSS")
+            self._base = None if rss_kb is None else rss_kb * 1024
+
+    def growth_bytes(self) -> int | None:
+        """None where the platform cannot tell (a CPU without Linux's /proc)."""
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            return max(0, torch.cuda.max_memory_allocated(self.device) - self._base)
+        peak_kb = _status_kb("VmHWM")
+        if peak_kb is None or self._base is None:
+            return None
+        return max(0, peak_kb * 1024 - self._base)
+
+
+def _reset_peak_rss() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:  # not Linux, or not permitted: VmHWM then holds the lifetime peak
+        pass
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,107 @@
+"""The native engine: speculative decoding of one request, every step measured."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+import torch
+
+from specbench.devices import Clock, PeakMemory
+from specbench.engine import kv
+from specbench.engine.proposers import Proposer
+from specbench.engine.sampling import Sampler, verify_greedy, verify_sampling
+from specbench.engine.trace import StepRecord, Trace
+
+
+@dataclass(frozen=True)
+class StepState:
+    """Handed to `on_step` after every step (for tests and debugging)."""
+
+    sequence_length: int  # prompt + output tokens
+    target_cache_length: int  # cached positions: every token but the newest, which the next step feeds
+
+
+def generate(
+    target: torch.nn.Module,
+    proposer: Proposer,
+    prompt_ids: list[int],
+    *,
+    gamma: int,
+    temperature: float,
+    top_p: float = 1.0,
+    max_new_tokens: int,
+    seed: int = 0,
+    eos_token_ids: Collection[int] = (),
+    on_step: Callable[[StepState], None] | None = None,
+) -> Trace:
+    """Generate up to max_new_tokens after prompt_ids; the output is distributed exactly as the target's
+    (token-for-token identical to autoregressive decoding at temperature 0)."""
+    if gamma < 1 or max_new_tokens < 1 or not prompt_ids:
+        raise ValueError("need gamma >= 1, max_new_tokens >= 1 and a non-empty prompt")
+    device = next(target.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
+    vocab_size = target.get_output_embeddings().weight.shape[0]
+    stop = set(eos_token_ids)
+
+    with torch.inference_mode():
+        memory = PeakMemory(device)
+        memory.start()
+        clock = Clock(device)
+        cache = kv.new_cache(target)
+        logits = kv.forward(target, torch.tensor([prompt_ids], device=device), cache, last=1)[-1]  # [V]
+        kv.check_croppable(cache, type(target).__name__)
+        first = int(logits.argmax() if sampler.greedy else sampler.sample(sampler.probs(logits)))
+        proposer.prefill(prompt_ids)
+        sequence = [*prompt_ids, first]
+        times = [clock.now()]
+        steps: list[StepRecord] = []
+
+        while len(sequence) - len(prompt_ids) < max_new_tokens and sequence[-1] not in stop:
+            room = max_new_tokens - (len(sequence) - len(prompt_ids)) - 1  # leave room for the bonus token
+            started = clock.now()
+            proposal = proposer.propose(sequence, min(gamma, room), sampler) if room > 0 else None
+            drafted = proposal.tokens if proposal is not None else torch.empty(0, dtype=torch.long, device=device)
+            drafted_at = clock.now()
+
+            step_input = torch.cat([torch.tensor([sequence[-1]], device=device), drafted]).view(1, -1)
+            logits = kv.forward(target, step_input, cache)  # [k+1, V]
+            if sampler.greedy:
+                accepted, token = verify_greedy(logits, drafted)
+            else:
+                draft_probs = proposal.probs if proposal is not None else None
+                accepted, token = verify_sampling(sampler.probs(logits), drafted, draft_probs, generator=generator)
+            new_tokens = [*drafted[:accepted].tolist(), token]
+            kv.crop(cache, len(sequence) + accepted)  # the new token is fed next step
+            proposer.rollback(len(sequence) + accepted)
+
+            new_tokens, accepted = _stop_at_eos(new_tokens, accepted, stop)
+            sequence.extend(new_tokens)
+            verified_at = clock.now()
+            times.extend([verified_at] * len(new_tokens))
+            steps.append(StepRecord(
+                drafted=len(drafted), accepted=accepted, emitted=len(new_tokens),
+                draft_s=drafted_at - started, verify_s=verified_at - drafted_at,
+            ))
+            if on_step is not None:
+                on_step(StepState(len(sequence), kv.cache_length(cache)))
+
+    return Trace(
+        prompt_tokens=len(prompt_ids),
+        output_ids=tuple(sequence[len(prompt_ids):]),
+        ttft_s=times[0],
+        token_times_s=tuple(times),
+        steps=tuple(steps),
+        gamma=gamma,
+        peak_memory_growth_bytes=memory.growth_bytes(),
+    )
+
+
+def _stop_at_eos(new_tokens: list[int], accepted: int, stop: set[int]) -> tuple[list[int], int]:
+    """Cut the step's tokens after the first end-of-sequence token; an accepted drafted EOS ends the
+    step without a bonus token."""
+    for i, token in enumerate(new_tokens):
+        if token in stop:
+            return new_tokens[: i + 1], min(accepted, i + 1)
+    return new_tokens, accepted

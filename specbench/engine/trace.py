@@ -1,0 +1,95 @@
+"""What one generation request did, step by step, and the metrics derived from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One target forward pass after the prefill.
+
+    drafted: tokens the proposer offered (None when the backend cannot tell, e.g. HF `generate`);
+    accepted: drafted tokens kept; emitted: tokens appended = accepted + bonus, where the bonus (the
+    target's own token: a correction or the token after a fully accepted draft) is 1, or 0 when an
+    accepted end-of-sequence token ended the request. Times in seconds; None when not measured.
+    """
+
+    drafted: int | None
+    accepted: int
+    emitted: int
+    draft_s: float | None = None
+    verify_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One request. Times are seconds from the request start, read after a device synchronize."""
+
+    prompt_tokens: int
+    output_ids: tuple[int, ...]
+    ttft_s: float  # prefill (target and draft) and the first token
+    token_times_s: tuple[float, ...]  # emission time of every output token
+    steps: tuple[StepRecord, ...]  # decode steps; the prefill's first token is not a step
+    gamma: int
+    peak_memory_growth_bytes: int | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def e2e_s(self) -> float:
+        return self.token_times_s[-1] if self.token_times_s else self.ttft_s
+
+    @property
+    def target_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def drafted_tokens(self) -> int | None:
+        if any(step.drafted is None for step in self.steps):
+            return None
+        return sum(step.drafted for step in self.steps)
+
+    @property
+    def accepted_tokens(self) -> int:
+        return sum(step.accepted for step in self.steps)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted draft tokens / drafted tokens; None when nothing was drafted."""
+        drafted = self.drafted_tokens
+        return self.accepted_tokens / drafted if drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens emitted per target decode step, bonus included (baseline: 1.0)."""
+        if not self.steps:
+            return None
+        return sum(step.emitted for step in self.steps) / len(self.steps)
+
+    @property
+    def accepted_length_histogram(self) -> tuple[int, ...]:
+        """histogram[n] = number of steps that accepted exactly n drafted tokens, n = 0..gamma."""
+        histogram = [0] * (self.gamma + 1)
+        for step in self.steps:
+            histogram[step.accepted] += 1
+        return tuple(histogram)
+
+    @property
+    def accepted_per_position(self) -> tuple[int, ...]:
+        """accepted_per_position[i] = steps whose drafted token at position i was accepted
+        (the histogram's reverse cumulative sum: non-increasing in i)."""
+        counts, running = [], 0
+        for n in reversed(self.accepted_length_histogram[1:]):
+            running += n
+            counts.append(running)
+        return tuple(reversed(counts))
+
+    @property
+    def drafted_per_position(self) -> tuple[int, ...] | None:
+        """drafted_per_position[i] = steps that drafted a token at position i."""
+        if self.drafted_tokens is None:
+            return None
+        return tuple(sum(1 for step in self.steps if step.drafted > i) for i in range(self.gamma))

@@ -1,0 +1,389 @@
+"""Profiles: the TOML file that says what to benchmark, validated once where it enters.
+
+A profile names a target model, the drafts to try against it, the sweep of gamma /
+temperature / top_p points, the workload (prompts) and how often to repeat each point.
+Every problem is reported as a `ProfileError` whose message is one line naming the file,
+the key and what to do, e.g. `profiles/x.toml: sweep.gamma[1]: must be an integer >= 1 (got 0)`.
+"""
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import tomli_w
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    Strict,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from specbench.models import BUILTIN_MODELS
+from specbench.workloads import BUILTIN_SETS
+
+DEFAULT_PROFILE = "profiles/quickstart.toml"
+"""Used when no profile is given; relative to the current directory (the project root)."""
+
+_RELATIVE_NOTE = "(paths are relative to the profile's folder)"
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message is always a single line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.splitlines()))
+
+
+# --- value rules -------------------------------------------------------------------------
+
+
+def _show(value: Any) -> str:
+    """A value as the user would write it in TOML (strings in double quotes), kept short."""
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _rule(message: str, *, at: tuple[str, ...] = ()) -> PydanticCustomError:
+    """An error with our own message; `at` names the key when raised by a whole-model check."""
+    return PydanticCustomError("profile_rule", message, {"at": at})
+
+
+def _check(is_valid, requirement: str) -> AfterValidator:
+    def validate(value):
+        if not is_valid(value):
+            raise _rule(f"must be {requirement} (got {_show(value)})")
+        return value
+
+    return AfterValidator(validate)
+
+
+def _distinct_values(values: tuple) -> tuple:
+    if not values:
+        raise _rule("must list at least one value (got [])")
+    if len(set(values)) != len(values):
+        raise _rule(f"must not repeat a value (got {_show(values)})")
+    return values
+
+
+PositiveInt = Annotated[StrictInt, _check(lambda v: v >= 1, "an integer >= 1")]
+NonNegativeInt = Annotated[StrictInt, _check(lambda v: v >= 0, "an integer >= 0")]
+Temperature = Annotated[float, Strict(), _check(lambda v: v >= 0, "a number >= 0")]
+TopP = Annotated[float, Strict(), _check(lambda v: 0 < v <= 1, "a number in (0, 1]")]
+FolderName = Annotated[
+    StrictStr,
+    _check(
+        lambda v: re.fullmatch(r"(?!\.+$)[A-Za-z0-9._-]+", v) is not None,
+        "usable as a folder name: letters, digits, '.', '_' or '-'",
+    ),
+]
+Axis = AfterValidator(_distinct_values)
+Quantize = Literal["int8"]
+
+
+# --- model and prompt references ---------------------------------------------------------
+
+
+def _base_dir(info: ValidationInfo) -> Path:
+    return (info.context or {}).get("base_dir") or Path.cwd()
+
+
+def _absolute(text: str, base_dir: Path) -> Path:
+    path = Path(text).expanduser()
+    return (path if path.is_absolute() else base_dir / path).resolve()
+
+
+def _resolve_model(reference: str, info: ValidationInfo) -> str:
+    """builtin:NAME and hub ids stay as written; local paths become absolute and must exist."""
+    if not reference.strip():
+        raise _rule('must not be empty (set model = "builtin:..." or a hub id/path)')
+    if reference.startswith("builtin:"):
+        name = reference.removeprefix("builtin:")
+        if name not in BUILTIN_MODELS:
+            raise _rule(f'unknown builtin model "{name}" (known: {", ".join(BUILTIN_MODELS)})')
+        return reference
+    base_dir = _base_dir(info)
+    is_path = reference.startswith((".", "/", "~")) or reference.endswith(".gguf")
+    if not (is_path or (base_dir / reference).is_dir()):
+        return reference  # a hub id, e.g. Qwen/Qwen2.5-0.5B-Instruct
+    path = _absolute(reference, base_dir)
+    if not path.exists():
+        raise _rule(f"not found: {path} {_RELATIVE_NOTE}")
+    return str(path)
+
+
+def _resolve_prompts(prompts: str, info: ValidationInfo) -> str:
+    """builtin:SET stays as written; a .jsonl/.csv file becomes absolute and must exist."""
+    if prompts.startswith("builtin:"):
+        name = prompts.removeprefix("builtin:")
+        if name not in BUILTIN_SETS:
+            raise _rule(f'unknown builtin prompt set "{name}" (known: {", ".join(BUILTIN_SETS)})')
+        return prompts
+    if Path(prompts).suffix not in (".jsonl", ".csv"):
+        raise _rule(f'must be "builtin:SET" or a .jsonl/.csv file (got {_show(prompts)})')
+    path = _absolute(prompts, _base_dir(info))
+    if not path.is_file():
+        raise _rule(f"file not found: {path} {_RELATIVE_NOTE}")
+    return str(path)
+
+
+ModelReference = Annotated[StrictStr, AfterValidator(_resolve_model)]
+PromptsReference = Annotated[StrictStr, AfterValidator(_resolve_prompts)]
+
+
+# --- the schema --------------------------------------------------------------------------
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TargetSpec(_Spec):
+    model: ModelReference
+    quantize: Quantize | None = None
+
+
+class DraftSpec(_Spec):
+    name: FolderName
+    method: Literal["draft", "ngram"]
+    model: ModelReference | None = None
+    quantize: Quantize | None = None
+    ngram_min: PositiveInt = 1
+    ngram_max: PositiveInt = 3
+
+    @model_validator(mode="after")
+    def _fits_method(self) -> "DraftSpec":
+        if self.method == "draft":
+            if self.model is None:
+                raise _rule(
+                    'required for method "draft" (set model = "builtin:..." or a hub id/path)',
+                    at=("model",),
+                )
+            for key in ("ngram_min", "ngram_max"):
+                if key in self.model_fields_set:
+                    raise _rule('not used by method "draft" (remove it)', at=(key,))
+        else:
+            for key in ("model", "quantize"):
+                if getattr(self, key) is not None:
+                    raise _rule(
+                        'not used by method "ngram" (remove it, or set method = "draft")',
+                        at=(key,),
+                    )
+            if self.ngram_min > self.ngram_max:
+                raise _rule(
+                    f"must be <= ngram_max = {self.ngram_max} (got {self.ngram_min})",
+                    at=("ngram_min",),
+                )
+        return self
+
+
+class SweepSpec(_Spec):
+    gamma: Annotated[tuple[PositiveInt, ...], Axis]
+    temperature: Annotated[tuple[Temperature, ...], Axis]
+    top_p: Annotated[tuple[TopP, ...], Axis] = (1.0,)
+
+
+class WorkloadSpec(_Spec):
+    prompts: PromptsReference
+    max_prompts: PositiveInt | None = None
+    max_new_tokens: PositiveInt = 128
+    categories: Annotated[tuple[StrictStr, ...], Axis] | None = None
+
+
+class RunSpec(_Spec):
+    repeats: PositiveInt = 1
+    warmup: NonNegativeInt = 1
+    seed: StrictInt = 0
+
+
+class Profile(_Spec):
+    name: FolderName
+    backend: Literal["native", "hf"] = "native"
+    device: StrictStr = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    target: TargetSpec
+    drafts: tuple[DraftSpec, ...] = ()
+    sweep: SweepSpec
+    workload: WorkloadSpec
+    run: RunSpec = Field(default_factory=RunSpec)
+    _source: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> Path | None:
+        """The file this profile was loaded from; not part of the profile's content."""
+        return self._source
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str) -> str:
+        if re.fullmatch(r"auto|cpu|cuda(:\d+)?", device) is None:
+            raise _rule(f'must be "auto", "cpu", "cuda" or "cuda:N" (got {_show(device)})')
+        return device
+
+    @model_validator(mode="after")
+    def _distinct_draft_names(self) -> "Profile":
+        seen: set[str] = set()
+        for index, draft in enumerate(self.drafts):
+            if draft.name == "baseline":
+                raise _rule(
+                    '"baseline" is reserved for the target-only run (choose another name)',
+                    at=("drafts", index, "name"),
+                )
+            if draft.name in seen:
+                raise _rule(
+                    f'duplicate draft name "{draft.name}" (give each draft its own name)',
+                    at=("drafts", index, "name"),
+                )
+            seen.add(draft.name)
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        """Same content, wherever each was loaded from."""
+        if not isinstance(other, Profile):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.model_dump(mode="json"), sort_keys=True))
+
+
+# --- pydantic errors -> one line ---------------------------------------------------------
+
+_EXPECTED_TYPE = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "tuple_type": "a list",
+    "list_type": "a list",
+    "model_type": "a table",
+    "dict_type": "a table",
+}
+
+
+def _dotted(loc: tuple) -> str:
+    """('drafts', 0, 'model') -> 'drafts[0].model'."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else part
+    return text
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if (model := _inner_model(arg)) is not None:
+            return model
+    return None
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The schema class a location points into (list indices step into their items)."""
+    model: type[BaseModel] | None = Profile
+    for part in loc:
+        if isinstance(part, str) and model is not None:
+            field = model.model_fields.get(part)
+            model = _inner_model(field.annotation) if field else None
+    return model
+
+
+def _describe(error: dict) -> str:
+    loc = tuple(error["loc"]) + tuple(error.get("ctx", {}).get("at", ()))
+    key, kind = _dotted(loc), error["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        known = ", ".join(parent.model_fields) if parent else "none"
+        return f"unknown key '{key}' (known: {known})"
+    if kind == "missing":
+        if _model_at(loc) is not None:
+            return f"{key}: missing (add a [{key}] table)"
+        return f"{key}: missing (add {loc[-1]} = ...)"
+    if kind == "profile_rule":
+        return f"{key}: {error['msg']}"
+    if kind in _EXPECTED_TYPE:
+        return f"{key}: must be {_EXPECTED_TYPE[kind]} (got {_show(error['input'])})"
+    if kind == "literal_error":
+        return f"{key}: must be {error['ctx']['expected']} (got {_show(error['input'])})"
+    return f"{key}: {error['msg']}"
+
+
+# --- public API --------------------------------------------------------------------------
+
+
+def profile_from_dict(data: dict, *, source: Path | None = None) -> Profile:
+    """Validate TOML-shaped data; relative paths resolve against `source`'s folder (or cwd)."""
+    where = str(source) if source is not None else "profile"
+    base_dir = source.parent if source is not None else Path.cwd()
+    try:
+        profile = Profile.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as error:
+        raise ProfileError(f"{where}: {_describe(error.errors()[0])}") from None
+    profile._source = source
+    return profile
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    if path.is_dir():
+        raise ProfileError(f"{path}: is a folder (give the path of a .toml profile)")
+    if not path.is_file():
+        raise ProfileError(f"{path}: not found")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ProfileError(f"{path}: invalid TOML: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ProfileError(f"{path}: {_toml_problem(str(error))}") from None
+    return profile_from_dict(data, source=path)
+
+
+def _toml_problem(message: str) -> str:
+    """'Invalid value (at line 2, column 11)' -> 'invalid TOML at line 2: Invalid value'."""
+    if match := re.fullmatch(r"(.*) \(at line (\d+), column \d+\)", message):
+        return f"invalid TOML at line {match[2]}: {match[1]}"
+    if match := re.fullmatch(r"(.*) \(at end of document\)", message):
+        return f"invalid TOML at end of document: {match[1]}"
+    return f"invalid TOML: {message}"
+
+
+def _as_data(profile: Profile) -> dict:
+    """The profile as TOML-shaped data: no None values, no keys its method ignores."""
+    data = profile.model_dump(mode="json", exclude_none=True)
+    for draft in data["drafts"]:
+        if draft["method"] == "draft":
+            del draft["ngram_min"], draft["ngram_max"]
+    return data
+
+
+def dump_profile(profile: Profile) -> str:
+    """TOML text that `load_profile` reads back to an equal profile."""
+    return tomli_w.dumps(_as_data(profile))
+
+
+def with_overrides(
+    profile: Profile,
+    *,
+    backend: str | None = None,
+    device: str | None = None,
+    max_prompts: int | None = None,
+) -> Profile:
+    """The profile with CLI flags applied, validated like the file itself."""
+    data = _as_data(profile)
+    if backend is not None:
+        data["backend"] = backend
+    if device is not None:
+        data["device"] = device
+    if max_prompts is not None:
+        data["workload"]["max_prompts"] = max_prompts
+    return profile_from_dict(data, source=profile.source)
