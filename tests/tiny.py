@@ -8,12 +8,15 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def tiny_llama(*, vocab_size: int = 64, layers: int = 2, hidden: int = 32, seed: int = 0) -> LlamaForCausalLM:
+def tiny_llama(
+    *, vocab_size: int = 64, layers: int = 2, hidden: int = 64, seed: int = 0, init_std: float = 0.02
+) -> LlamaForCausalLM:
+    """A larger init_std gives peaked next-token distributions (random models are otherwise near uniform)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=init_std,
     )
     return LlamaForCausalLM(config).eval()
 

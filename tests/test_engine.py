@@ -1,0 +1,163 @@
+"""The native engine: greedy equality with autoregressive decoding and HF, accounting, KV rollback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.engine import BaselineProposer, DraftModelProposer, NgramProposer, StepState, Trace, generate
+from specbench.engine import kv
+from specbench.engine.hf import hf_generate
+from specbench.engine.proposers import lookup
+from tiny import perturbed, resized_vocab, tiny_llama
+
+CPU = torch.device("cpu")
+PROMPT = [5, 9, 13, 22, 5, 9, 40, 41, 42, 5, 9, 13, 7]
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def baseline_ids(target) -> tuple[int, ...]:
+    return generate(target, BaselineProposer(CPU), PROMPT, gamma=1, temperature=0.0, max_new_tokens=MAX_NEW).output_ids
+
+
+def check_accounting(trace: Trace, *, gamma: int) -> None:
+    assert 1 + sum(step.emitted for step in trace.steps) == trace.output_tokens
+    assert all(step.emitted - step.accepted in (0, 1) for step in trace.steps)
+    assert all(0 <= step.accepted <= step.drafted <= gamma for step in trace.steps)
+    assert trace.accepted_tokens == sum(step.accepted for step in trace.steps)
+    if trace.acceptance_rate is not None:
+        assert 0.0 <= trace.acceptance_rate <= 1.0
+    if trace.steps:
+        assert 1.0 <= trace.mean_accepted_length <= gamma + 1
+    else:
+        assert trace.mean_accepted_length is None
+    per_position = trace.accepted_per_position
+    assert len(per_position) == gamma
+    assert all(a >= b for a, b in zip(per_position, per_position[1:]))
+    assert per_position[0] == sum(1 for step in trace.steps if step.accepted >= 1)
+    assert sum(trace.accepted_length_histogram) == trace.target_steps
+    assert len(trace.token_times_s) == trace.output_tokens
+    assert list(trace.token_times_s) == sorted(trace.token_times_s)
+    assert trace.ttft_s == trace.token_times_s[0]
+
+
+def draft_proposers(target):
+    """A close draft (partial acceptance), and drafts with a larger and a smaller embedding matrix."""
+    vocab = target.config.vocab_size
+    close = perturbed(target, scale=0.01)
+    return {
+        "close": DraftModelProposer(close, vocab_size=vocab, device=CPU),
+        "larger-vocab": DraftModelProposer(resized_vocab(close, vocab + 16), vocab_size=vocab, device=CPU),
+        "smaller-vocab": DraftModelProposer(resized_vocab(close, vocab - 8), vocab_size=vocab, device=CPU),
+    }
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5])
+def test_greedy_draft_equals_baseline(target, baseline_ids, gamma):
+    for name, proposer in draft_proposers(target).items():
+        trace = generate(target, proposer, PROMPT, gamma=gamma, temperature=0.0, max_new_tokens=MAX_NEW)
+        assert trace.output_ids == baseline_ids, name
+        check_accounting(trace, gamma=gamma)
+        assert trace.accepted_tokens > 0, f"{name}: the test needs a draft that is sometimes right"
+        assert trace.accepted_tokens < trace.drafted_tokens, f"{name}: and sometimes wrong"
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5])
+def test_greedy_ngram_equals_baseline(target, baseline_ids, gamma):
+    trace = generate(target, NgramProposer(device=CPU), PROMPT, gamma=gamma, temperature=0.0, max_new_tokens=MAX_NEW)
+    assert trace.output_ids == baseline_ids
+    check_accounting(trace, gamma=gamma)
+    assert 0 < trace.accepted_tokens < trace.drafted_tokens
+
+
+def test_baseline_accounting(target, baseline_ids):
+    trace = generate(target, BaselineProposer(CPU), PROMPT, gamma=4, temperature=0.0, max_new_tokens=MAX_NEW)
+    assert trace.output_tokens == MAX_NEW
+    assert trace.mean_accepted_length == 1.0
+    assert trace.acceptance_rate is None
+    assert trace.target_steps == MAX_NEW - 1
+    check_accounting(trace, gamma=4)
+
+
+@pytest.mark.parametrize("method", ["baseline", "draft", "ngram"])
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_hf_greedy_equals_native(target, baseline_ids, method, gamma):
+    draft = perturbed(target, scale=0.01)
+    trace = hf_generate(target, PROMPT, method=method, gamma=gamma, temperature=0.0, max_new_tokens=MAX_NEW, draft=draft)
+    assert trace.output_ids == baseline_ids
+    assert trace.drafted_tokens is None
+    assert sum(step.emitted for step in trace.steps) == trace.output_tokens
+    if method == "baseline":
+        assert trace.mean_accepted_length == 1.0
+    else:
+        assert 1.0 < trace.mean_accepted_length <= gamma + 1
+
+
+def test_temperature_sampling_is_seeded(target):
+    def run(seed: int) -> tuple[int, ...]:
+        proposer = DraftModelProposer(perturbed(target, scale=0.01), vocab_size=64, device=CPU)
+        return generate(target, proposer, PROMPT, gamma=3, temperature=0.8, top_p=0.9, max_new_tokens=30,
+                        seed=seed).output_ids
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_eos_ends_the_request_and_accounting_holds(target, baseline_ids):
+    eos = baseline_ids[12]
+    expected = baseline_ids[: baseline_ids.index(eos) + 1]
+    for proposer in [*draft_proposers(target).values(), NgramProposer(device=CPU), BaselineProposer(CPU)]:
+        trace = generate(target, proposer, PROMPT, gamma=4, temperature=0.0, max_new_tokens=MAX_NEW, eos_token_ids=[eos])
+        assert trace.output_ids == expected
+        check_accounting(trace, gamma=4)
+
+
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_kv_caches_follow_the_sequence(target, gamma):
+    proposer = DraftModelProposer(perturbed(target, scale=0.01), vocab_size=64, device=CPU)
+    states: list[tuple[StepState, int]] = []
+    generate(target, proposer, PROMPT, gamma=gamma, temperature=0.0, max_new_tokens=MAX_NEW,
+             on_step=lambda state: states.append((state, kv.cache_length(proposer.cache))))
+    assert states
+    for state, draft_cache_length in states:
+        # the target caches every token but the newest; the draft lacks at most the last accepted draft too
+        assert state.target_cache_length == state.sequence_length - 1
+        assert state.sequence_length - 2 <= draft_cache_length <= state.sequence_length - 1
+
+
+def test_prompt_is_prefilled_once(target):
+    lengths: list[int] = []
+    handle = target.register_forward_hook(lambda module, args, kwargs, out: lengths.append(kwargs["input_ids"].shape[1]),
+                                          with_kwargs=True)
+    try:
+        trace = generate(target, NgramProposer(device=CPU), PROMPT, gamma=3, temperature=0.0, max_new_tokens=MAX_NEW)
+    finally:
+        handle.remove()
+    assert lengths[0] == len(PROMPT)
+    assert len(lengths) == 1 + trace.target_steps
+    assert all(1 <= n <= 4 for n in lengths[1:])
+
+
+def test_max_new_tokens_is_exact(target):
+    for max_new in (1, 2, 5, 17):
+        trace = generate(target, NgramProposer(device=CPU), PROMPT, gamma=6, temperature=0.0, max_new_tokens=max_new)
+        assert trace.output_tokens == max_new
+        check_accounting(trace, gamma=6)
+
+
+def test_ngram_lookup_takes_the_longest_match_at_its_earliest_occurrence():
+    import numpy as np
+
+    sequence = np.array([1, 2, 3, 9, 9, 7, 2, 3, 8, 8, 1, 2, 3])
+    # "1 2 3" first occurs at 0 and was followed by 9 9 7
+    assert lookup(sequence, k=3, ngram_min=1, ngram_max=3) == [9, 9, 7]
+    # with n <= 2, "2 3" first occurs at 1 as well
+    assert lookup(sequence, k=2, ngram_min=1, ngram_max=2) == [9, 9]
+    assert lookup(np.array([4, 5, 6]), k=3, ngram_min=1, ngram_max=3) == []
+    assert lookup(np.array([4, 5, 4]), k=5, ngram_min=1, ngram_max=3) == [5, 4]

@@ -1,0 +1,179 @@
+"""Speculative sampling is lossless: empirical distributions match the target's exact one.
+
+Each check is a chi-square goodness-of-fit test with a fixed seed (deterministic), and each has a
+deliberately broken acceptance rule beside it that the same check must reject: the tests have power.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specbench.engine import BaselineProposer, DraftModelProposer, NgramProposer, generate, logits_to_probs
+from specbench.engine import decode
+from specbench.engine.sampling import leading_accepts, sample, verify_sampling
+from tiny import perturbed, tiny_llama
+
+CPU = torch.device("cpu")
+VOCAB = 16
+P_MIN = 1e-3  # the fit is rejected below this p-value
+
+
+def chi_square_p(counts: np.ndarray, expected_probs: np.ndarray) -> float:
+    """Goodness of fit, pooling the cells whose expected count is under 5 into one. A draw where the
+    target has probability 0 (outside the top_p nucleus) is a failed fit outright."""
+    impossible = expected_probs <= 0
+    if counts[impossible].any():
+        return 0.0
+    counts, expected_probs = counts[~impossible], expected_probs[~impossible]
+    n = counts.sum()
+    expected = expected_probs * n
+    small = expected < 5
+    if small.any():
+        counts = np.append(counts[~small], counts[small].sum())
+        expected = np.append(expected[~small], expected[small].sum())
+    expected = expected * counts.sum() / expected.sum()
+    return float(chisquare(counts, expected).pvalue)
+
+
+def test_logits_to_probs_top_p_keeps_the_smallest_nucleus():
+    logits = torch.log(torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]))
+    assert torch.allclose(logits_to_probs(logits, temperature=1.0, top_p=0.7), torch.tensor([0.5, 0.2, 0, 0, 0]) / 0.7)
+    assert torch.allclose(logits_to_probs(logits, temperature=1.0, top_p=0.71), torch.tensor([0.5, 0.2, 0.15, 0, 0]) / 0.85)
+    assert torch.allclose(logits_to_probs(logits, temperature=1.0, top_p=1.0), torch.exp(logits))
+    sharper = logits_to_probs(logits, temperature=0.5)
+    assert torch.allclose(sharper, torch.tensor([0.25, 0.04, 0.0225, 0.01, 0.0025]) / 0.325)
+
+
+def test_sample_follows_probs():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    generator = torch.Generator().manual_seed(0)
+    draws = sample(probs.expand(40_000, -1).contiguous(), generator=generator)
+    counts = np.bincount(draws.numpy(), minlength=5)
+    assert counts[4] == 0
+    assert chi_square_p(counts[:4], probs[:4].numpy()) > P_MIN
+
+
+def broken_verify_sampling(target_probs, draft_tokens, draft_probs, *, generator=None):
+    """A classic bug: on rejection, resample from p instead of norm(max(0, p - q))."""
+    accepted, _ = verify_sampling(target_probs, draft_tokens, draft_probs, generator=generator)
+    if accepted == draft_tokens.shape[0]:
+        return verify_sampling(target_probs, draft_tokens, draft_probs, generator=generator)
+    return accepted, int(sample(target_probs[accepted], generator=generator))
+
+
+def inverted_verify_sampling(target_probs, draft_tokens, draft_probs, *, generator=None):
+    """Another: accept with probability min(1, q/p) instead of min(1, p/q) (a point mass is always kept)."""
+    k = draft_tokens.shape[0]
+    rows = torch.arange(k)
+    q = draft_probs if draft_probs is not None else torch.nn.functional.one_hot(draft_tokens, target_probs.shape[1]).double()
+    p_d, q_d = target_probs[rows, draft_tokens], q[rows, draft_tokens]
+    n = int(leading_accepts(torch.rand(k, generator=generator) * p_d < q_d))
+    if n == k:
+        return n, int(sample(target_probs[k], generator=generator))
+    residual = (target_probs[n] - q[n]).clamp(min=0)
+    return n, int(sample(residual / residual.sum(), generator=generator))
+
+
+@pytest.mark.parametrize("verify, should_fit", [
+    (verify_sampling, True), (broken_verify_sampling, False), (inverted_verify_sampling, False),
+])
+@pytest.mark.parametrize("deterministic_draft", [False, True])
+def test_verify_sampling_emits_tokens_distributed_as_p(verify, should_fit, deterministic_draft):
+    """One step, k = 2 drafted tokens from fixed p and q: the first two emitted tokens follow p exactly."""
+    generator = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(3, 8, generator=generator) * 1.5, dim=-1)  # [k+1, V]
+    q = torch.softmax(torch.randn(2, 8, generator=generator) * 1.5, dim=-1)  # [k, V]
+    counts = np.zeros(8, dtype=np.int64)
+    for _ in range(20_000):
+        if deterministic_draft:  # point mass q on a fixed guess
+            draft_tokens, draft_probs = torch.tensor([3, 3]), None
+        else:
+            draft_tokens, draft_probs = sample(q, generator=generator), q
+        accepted, token = verify(p, draft_tokens, draft_probs, generator=generator)
+        first = int(draft_tokens[0]) if accepted >= 1 else token
+        counts[first] += 1
+    fits = chi_square_p(counts, p[0].double().numpy()) > P_MIN
+    assert fits == should_fit
+
+
+# --- end to end, through generate() on a tiny model with a 16-token vocabulary -------------------------
+
+SAMPLES = 4_000
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """A target with peaked distributions, a draft near it, and a prompt that ends with the target's own
+    greedy continuation of its start (so that prompt lookup finds likely tokens)."""
+    target = tiny_llama(vocab_size=VOCAB, layers=1, hidden=32, seed=3, init_std=0.3)
+    start = [3, 7, 1, 12, 5]
+    continuation = generate(target, BaselineProposer(CPU), start, gamma=1, temperature=0.0, max_new_tokens=14)
+    return target, perturbed(target, scale=0.3), start + list(continuation.output_ids)
+
+
+def exact_joint(model, prompt: list[int], *, temperature: float, top_p: float) -> np.ndarray:
+    """P(x1, x2, x3) under the target alone, by enumerating every prefix. [V, V, V]."""
+    joint, prefixes = np.array([1.0]), [()]
+    with torch.no_grad():
+        for _ in range(3):
+            batch = torch.tensor([prompt + list(prefix) for prefix in prefixes])
+            next_probs = logits_to_probs(model(batch).logits[:, -1], temperature=temperature, top_p=top_p)
+            joint = (joint[:, None] * next_probs.double().numpy()).reshape(-1)
+            prefixes = [prefix + (token,) for prefix, token in itertools.product(prefixes, range(VOCAB))]
+    return joint.reshape(VOCAB, VOCAB, VOCAB)
+
+
+def empirical_joint(target, make_proposer, prompt: list[int], *, temperature: float, top_p: float):
+    """Counts of (x1, x2, x3) over SAMPLES seeds [V, V, V], and the drafted / accepted totals."""
+    counts = np.zeros((VOCAB, VOCAB, VOCAB), dtype=np.int64)
+    drafted = accepted = 0
+    for seed in range(SAMPLES):
+        trace = generate(target, make_proposer(), prompt, gamma=2, temperature=temperature, top_p=top_p,
+                         max_new_tokens=3, seed=seed)
+        counts[trace.output_ids] += 1
+        drafted, accepted = drafted + trace.drafted_tokens, accepted + trace.accepted_tokens
+    return counts, drafted, accepted
+
+
+def pair_p_values(counts: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
+    """Fit of the (x1, x2) and (x2, x3) pair distributions: x2 and x3 come from the speculative step
+    (an accepted draft, a resampled correction or the bonus token), conditioned on what came before."""
+    first = chi_square_p(counts.sum(axis=2).reshape(-1), exact.sum(axis=2).reshape(-1))
+    second = chi_square_p(counts.sum(axis=0).reshape(-1), exact.sum(axis=0).reshape(-1))
+    return first, second
+
+
+def proposer_factory(method: str, draft):
+    if method == "draft":
+        return lambda: DraftModelProposer(draft, vocab_size=VOCAB, device=CPU)
+    return lambda: NgramProposer(ngram_min=1, ngram_max=2, device=CPU)
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("temperature, top_p", [(0.7, 1.0), (1.3, 1.0), (1.0, 0.8)])
+def test_generate_matches_the_target_distribution(setup, method, temperature, top_p):
+    target, draft, prompt = setup
+    exact = exact_joint(target, prompt, temperature=temperature, top_p=top_p)
+    counts, drafted, accepted = empirical_joint(target, proposer_factory(method, draft), prompt,
+                                                temperature=temperature, top_p=top_p)
+    assert 0.05 * drafted < accepted < 0.95 * drafted, "the test needs both accepted and rejected drafts"
+    for p_value in pair_p_values(counts, exact):
+        assert p_value > P_MIN
+
+
+@pytest.mark.parametrize("method, broken", [
+    ("draft", broken_verify_sampling), ("draft", inverted_verify_sampling), ("ngram", inverted_verify_sampling),
+])
+def test_a_broken_acceptance_rule_is_caught(setup, method, broken, monkeypatch):
+    """The end-to-end check has the power to see a wrong rule. (For ngram, resampling from p instead of
+    the residual shifts the distribution too little here to see; the one-step test above catches it.)"""
+    monkeypatch.setattr(decode, "verify_sampling", broken)
+    target, draft, prompt = setup
+    exact = exact_joint(target, prompt, temperature=1.0, top_p=1.0)
+    counts, _, _ = empirical_joint(target, proposer_factory(method, draft), prompt, temperature=1.0, top_p=1.0)
+    assert min(pair_p_values(counts, exact)) < P_MIN
