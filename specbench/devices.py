@@ -10,13 +10,17 @@ import torch
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class DeviceError(ValueError):
+    """The requested device is not on this machine."""
+
+
 def resolve_device(name: str = "auto") -> torch.device:
     """`auto` takes the first CUDA device when there is one, else the CPU."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device '{name}' requested but CUDA is not available; use device = \"cpu\" or \"auto\"")
+        raise DeviceError(f"device '{name}' requested but CUDA is not available; use --device cpu or device = \"auto\"")
     return device
 
 

@@ -41,3 +41,32 @@ def resized_vocab(model: LlamaForCausalLM, vocab_size: int) -> LlamaForCausalLM:
             draft.get_output_embeddings().weight[old:] = 0.0
             draft.get_output_embeddings().weight[old:, 0] = -100.0
     return draft.eval()
+
+
+WORDS = (
+    "<unk> <eos> <pad> the a an of to in on and or is are was be it this that with for as at by from "
+    "cat dog mat sat ran fast slow red blue green big small one two three four five six seven eight nine "
+    "ten code test model draft token speed fast? why how what when where who please write explain sum"
+).split()
+
+
+def word_tokenizer():
+    """A word-level tokenizer over WORDS (unknown words map to <unk>), no chat template."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>")
+
+
+def write_model_folder(folder, model: LlamaForCausalLM, tokenizer=None):
+    """A local Hugging Face folder (config, safetensors, tokenizer) that `specbench run` can load."""
+    model.config.eos_token_id = 1
+    model.config.pad_token_id = 2
+    model.generation_config.eos_token_id = 1
+    model.save_pretrained(folder)
+    (tokenizer or word_tokenizer()).save_pretrained(folder)
+    return folder

@@ -52,6 +52,7 @@ def generate(
         cache = kv.new_cache(target)
         logits = kv.forward(target, torch.tensor([prompt_ids], device=device), cache, last=1)[-1]  # [V]
         kv.check_croppable(cache, type(target).__name__)
+        _check_logits(logits, "prefill")
         first = int(logits.argmax() if sampler.greedy else sampler.sample(sampler.probs(logits)))
         proposer.prefill(prompt_ids)
         sequence = [*prompt_ids, first]
@@ -67,6 +68,7 @@ def generate(
 
             step_input = torch.cat([torch.tensor([sequence[-1]], device=device), drafted]).view(1, -1)
             logits = kv.forward(target, step_input, cache)  # [k+1, V]
+            _check_logits(logits, f"step {len(steps) + 1}")
             if sampler.greedy:
                 accepted, token = verify_greedy(logits, drafted)
             else:
@@ -96,6 +98,11 @@ def generate(
         gamma=gamma,
         peak_memory_growth_bytes=memory.growth_bytes(),
     )
+
+
+def _check_logits(logits: torch.Tensor, where: str) -> None:
+    if torch.isnan(logits).any():
+        raise FloatingPointError(f"the target produced NaN logits at the {where} (try dtype = \"float32\")")
 
 
 def _stop_at_eos(new_tokens: list[int], accepted: int, stop: set[int]) -> tuple[list[int], int]:

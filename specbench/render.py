@@ -1,0 +1,119 @@
+"""Terminal output: sweep progress and result tables. The only module that imports rich."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from specbench.models import BuiltinInfo
+from specbench.results import PointSpec
+
+
+class SweepProgress:
+    """Overall points and the current point's requests, each with an ETA (implements SweepObserver)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("eta"), TimeRemainingColumn(), console=console, transient=False,
+        )
+        self._overall = None
+        self._point = None
+
+    def __enter__(self) -> "SweepProgress":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def message(self, text: str) -> None:
+        self.progress.console.print(f"[dim]{text}[/dim]")
+
+    def sweep_started(self, points: list[PointSpec], to_run: list[PointSpec]) -> None:
+        resumed = len(points) - len(to_run)
+        if resumed:
+            self.message(f"resuming: {resumed} of {len(points)} points already done")
+        self._overall = self.progress.add_task("points", total=len(points), completed=resumed)
+
+    def point_started(self, spec: PointSpec, n_requests: int) -> None:
+        if self._point is not None:
+            self.progress.remove_task(self._point)
+        self._point = self.progress.add_task(f"  {spec.point_id}", total=n_requests)
+
+    def request_done(self, spec: PointSpec) -> None:
+        self.progress.advance(self._point)
+
+    def point_finished(self, spec: PointSpec, row: dict[str, Any]) -> None:
+        self.progress.advance(self._overall)
+        if row.get("status") == "failed":
+            self.progress.console.print(f"[red]failed[/red] {spec.point_id}: {row.get('error')}")
+
+
+def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return "-"
+    return f"{value:{spec}}{suffix}"
+
+
+def best_points_table(points: pd.DataFrame, *, per_temperature: int = 5) -> list[Table]:
+    """Per temperature (and top_p): the fastest points first, the baseline included for reference.
+    MAL = mean accepted length (tokens per target step); match = greedy output equals the baseline's."""
+    tables = []
+    ok = points[points["status"] == "ok"]
+    for (temperature, top_p), group in ok.groupby(["temperature", "top_p"], sort=True):
+        title = f"temperature {temperature:g}" + (f", top_p {top_p:g}" if top_p < 1 else "")
+        table = Table(title=title, title_justify="left")
+        table.add_column("point", no_wrap=True)
+        for column in ("speedup", "95% CI", "tok/s", "accept", "MAL", "TPOT ms", "peak MB", "match"):
+            table.add_column(column, justify="right")
+        ranked = group.sort_values("speedup", ascending=False, na_position="last")
+        best_id = ranked.iloc[0]["point_id"]
+        shown = ranked.head(per_temperature)
+        if "baseline" not in set(shown["method"]):
+            shown = pd.concat([shown, ranked[ranked["method"] == "baseline"]])
+        for row in shown.to_dict("records"):
+            match = row["outputs_match_baseline"]
+            table.add_row(
+                row["point_id"],
+                f"{_fmt(row['speedup'])}x",
+                f"{_fmt(row['speedup_ci_low'])}-{_fmt(row['speedup_ci_high'])}",
+                _fmt(row["tokens_per_s"], ".1f"),
+                _fmt(row["acceptance_rate"], ".0%"),
+                _fmt(row["mean_accepted_length"]),
+                _fmt(row["tpot_ms_p50"], ".1f"),
+                _fmt(row["peak_memory_mb"], ".0f"),
+                "-" if match is None or match is pd.NA else ("yes" if match else "[bold red]NO[/bold red]"),
+                style="bold green" if row["point_id"] == best_id and row["method"] != "baseline" else None,
+            )
+        tables.append(table)
+    return tables
+
+
+def print_run_summary(console: Console, points: pd.DataFrame, out_dir: str) -> None:
+    for table in best_points_table(points):
+        console.print(table)
+    failed = points[points["status"] == "failed"]
+    for row in failed.to_dict("records"):
+        console.print(f"[red]failed[/red] {row['point_id']}: {row['error']}")
+    mismatched = points[points["outputs_match_baseline"].eq(False).fillna(False)]
+    for row in mismatched.to_dict("records"):
+        console.print(f"[bold red]greedy output differs from the baseline at {row['point_id']}: the engine is "
+                      "broken for this point, its speed means nothing[/bold red]")
+    console.print(f"results: {out_dir}  ({len(points) - len(failed)} ok, {len(failed)} failed)")
+
+
+def print_builtins(console: Console, builtins: list[BuiltinInfo]) -> None:
+    table = Table(title="builtin models", title_justify="left")
+    for column in ("name", "size", "available", "description"):
+        table.add_column(column)
+    for info in builtins:
+        table.add_row(info.name, f"{info.size_bytes / 2**20:.0f} MB",
+                      "yes" if info.available else f"no: specbench models fetch {info.name}", info.description)
+    console.print(table)
