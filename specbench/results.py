@@ -168,7 +168,9 @@ def _against_baseline(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: 
             mine["output_tokens"].to_numpy(float), mine["e2e_ms"].to_numpy(float),
             theirs["output_tokens"].to_numpy(float), theirs["e2e_ms"].to_numpy(float),
         )
-        result.update(speedup=speedup, speedup_ci_low=low, speedup_ci_high=high)
+        # one prompt gives no spread to resample: the CI stays empty rather than falsely tight
+        result.update(speedup=speedup, speedup_ci_low=low if len(shared) > 1 else None,
+                      speedup_ci_high=high if len(shared) > 1 else None)
     target_ms = (baseline["verify_ms"].sum() / baseline["target_steps"].sum()
                  if baseline["verify_ms"].notna().all() and baseline["target_steps"].sum() else None)
     if target_ms and metrics["acceptance_rate"] is not None and metrics["verify_ms_per_step"] is not None:

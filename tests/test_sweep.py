@@ -1,0 +1,298 @@
+"""`specbench run` on tiny local models: files and schemas, resume, crash safety, failure isolation,
+bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import specbench
+from specbench import results, sweep
+from specbench.cli import app
+from specbench.profile import load_profile
+from tiny import perturbed, tiny_llama, word_tokenizer, write_model_folder, WORDS
+
+PROMPTS = [
+    ("the cat sat on the mat and the dog ran fast", "chat"),
+    ("write code to sum one two three four five", "code"),
+    ("why is the red cat big and the blue dog small", "chat"),
+]
+PROFILE = """
+name = "tiny"
+[target]
+model = "./target"
+[[drafts]]
+name = "ngram"
+method = "ngram"
+[[drafts]]
+name = "close"
+method = "draft"
+model = "./draft"
+[sweep]
+gamma = [2, 3]
+temperature = [0.0, 0.8]
+[workload]
+prompts = "prompts.jsonl"
+max_new_tokens = 16
+[run]
+repeats = 2
+warmup = 1
+"""
+N_POINTS = 2 * (1 + 2 * 2)  # per temperature: the baseline, then 2 drafts x 2 gammas
+N_REQUESTS = len(PROMPTS) * 2
+
+REQUEST_COLUMNS = {
+    "point_id", "request_id", "category", "repeat", "prompt_tokens", "output_tokens", "ttft_ms", "e2e_ms",
+    "tokens_per_s", "target_steps", "drafted_tokens", "accepted_tokens", "accepted_per_position", "output_sha",
+}
+POINT_COLUMNS = {
+    "point_id", "status", "error", "backend", "method", "draft", "gamma", "temperature", "n_requests",
+    "output_tokens", "tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high", "acceptance_rate",
+    "mean_accepted_length", "ttft_ms_p50", "tpot_ms_p50", "tpot_ms_p90", "itl_ms_p50", "itl_ms_p99",
+    "e2e_ms_p50", "peak_memory_mb", "outputs_match_baseline",
+}
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("models")
+    target = tiny_llama(vocab_size=len(WORDS))
+    write_model_folder(folder / "target", target)
+    write_model_folder(folder / "draft", perturbed(target, scale=0.01))
+    return folder
+
+
+@pytest.fixture
+def project(tmp_path: Path, models_dir: Path, monkeypatch) -> Path:
+    """A folder with a profile, a prompts file and links to the tiny models; the cwd for the CLI."""
+    for name in ("target", "draft"):
+        (tmp_path / name).symlink_to(models_dir / name)
+    (tmp_path / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": text, "category": category}) + "\n" for text, category in PROMPTS))
+    (tmp_path / "tiny.toml").write_text(PROFILE)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(app, ["run", *args])
+
+
+def read(out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    return pd.read_parquet(out / "points.parquet"), pd.read_parquet(out / "requests.parquet")
+
+
+def assert_each_point_once(out: Path) -> None:
+    points, requests = read(out)
+    assert len(points) == N_POINTS and points["point_id"].is_unique
+    assert (points["status"] == "ok").all()
+    counts = requests.groupby("point_id").size()
+    assert set(counts.index) == set(points["point_id"]) and (counts == N_REQUESTS).all()
+    assert not requests.duplicated(["point_id", "request_id"]).any()
+
+
+def test_run_writes_both_files_with_their_schemas(project):
+    result = run_cli("tiny.toml")
+    assert result.exit_code == 0, result.output
+    out = project / "results" / "tiny"
+    points, requests = read(out)
+    assert POINT_COLUMNS <= set(points.columns)
+    assert REQUEST_COLUMNS <= set(requests.columns)
+    assert_each_point_once(out)
+    assert list(points["point_id"][:5]) == ["baseline-t0-p1", "ngram-g2-t0-p1", "ngram-g3-t0-p1", "close-g2-t0-p1",
+                                            "close-g3-t0-p1"]
+    greedy, sampled = points[points["temperature"] == 0], points[points["temperature"] > 0]
+    assert greedy["outputs_match_baseline"].all()
+    assert sampled["outputs_match_baseline"].isna().all()
+    baseline = points.set_index("point_id").loc["baseline-t0-p1"]
+    assert baseline["speedup"] == 1.0 and baseline["mean_accepted_length"] == 1.0
+    assert pd.isna(baseline["acceptance_rate"]) and pd.isna(baseline["gamma"])
+    drafts = points[points["method"] != "baseline"]
+    assert drafts["acceptance_rate"].between(0, 1).all()
+    assert (drafts["mean_accepted_length"] >= 1).all()
+    assert (drafts["mean_accepted_length"] <= drafts["gamma"] + 1).all()
+    assert (drafts["speedup_ci_low"] <= drafts["speedup"]).all() and (drafts["speedup"] <= drafts["speedup_ci_high"]).all()
+    assert (points["peak_memory_mb"] >= points["weight_mb"]).all()
+    # the point's throughput is its requests' tokens over their time
+    one = requests[requests["point_id"] == "close-g2-t0-p1"]
+    row = points.set_index("point_id").loc["close-g2-t0-p1"]
+    assert row["tokens_per_s"] == pytest.approx(one["output_tokens"].sum() / (one["e2e_ms"].sum() / 1e3))
+    assert row["acceptance_rate"] == pytest.approx(one["accepted_tokens"].sum() / one["drafted_tokens"].sum())
+    assert list(row["accepted_per_position"]) == np.sum(np.stack(one["accepted_per_position"].to_list()), axis=0).tolist()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["finished_at"]
+    assert manifest["models"]["target"]["identity"] and manifest["environment"]["torch"]
+    assert manifest["workload"]["prompt_ids"] == ["prompts-2", "prompts-1", "prompts-3"]  # round robin: code, chat
+    assert set(requests["category"]) == {"chat", "code"}
+
+
+def test_rerun_resumes_and_fresh_starts_over(project):
+    first = specbench.run("tiny.toml")
+    assert len(first.ran) == N_POINTS
+    again = specbench.run("tiny.toml")
+    assert again.ran == []
+    assert again.points.equals(first.points)
+    fresh = specbench.run("tiny.toml", fresh=True)
+    assert len(fresh.ran) == N_POINTS
+    assert_each_point_once(project / "results" / "tiny")
+
+
+def test_a_crash_mid_sweep_resumes_with_every_point_once(project, monkeypatch):
+    calls = {"n": 0}
+    real = sweep._run_point
+
+    def crashing(spec, ctx, *, observer):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt  # not an Exception: it ends the sweep like a kill would
+        return real(spec, ctx, observer=observer)
+
+    monkeypatch.setattr(sweep, "_run_point", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        specbench.run("tiny.toml")
+    points, _ = read(project / "results" / "tiny")
+    assert len(points) == 3
+    monkeypatch.setattr(sweep, "_run_point", real)
+    resumed = specbench.run("tiny.toml")
+    assert len(resumed.ran) == N_POINTS - 3
+    assert_each_point_once(project / "results" / "tiny")
+
+
+def test_kill_9_then_rerun_finishes_with_every_point_once(project):
+    out = project / "results" / "tiny"
+    command = [sys.executable, "-m", "specbench.cli", "run", "tiny.toml"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=project)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if (out / "points.parquet").exists() and len(pd.read_parquet(out / "points.parquet")) >= 2:
+            break
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    killed_at = len(pd.read_parquet(out / "points.parquet"))
+    assert 2 <= killed_at < N_POINTS, "the kill should land mid-sweep"
+    rerun = subprocess.run(command, capture_output=True, text=True, cwd=project)
+    assert rerun.returncode == 0, rerun.stderr
+    assert_each_point_once(out)
+
+
+def test_a_failing_point_is_recorded_and_the_sweep_goes_on(project, monkeypatch):
+    real = sweep._run_point
+
+    def flaky(spec, ctx, *, observer):
+        if spec.point_id == "ngram-g3-t0.8-p1":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore details")
+        return real(spec, ctx, observer=observer)
+
+    monkeypatch.setattr(sweep, "_run_point", flaky)
+    result = run_cli("tiny.toml")
+    assert result.exit_code == 1
+    points, requests = read(project / "results" / "tiny")
+    failed = points[points["status"] == "failed"]
+    assert list(failed["point_id"]) == ["ngram-g3-t0.8-p1"]
+    assert failed["error"].iloc[0] == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert (points["status"] == "ok").sum() == N_POINTS - 1
+    assert "ngram-g3-t0.8-p1" not in set(requests["point_id"])
+    # the next run retries only the failed point
+    monkeypatch.setattr(sweep, "_run_point", real)
+    assert specbench.run("tiny.toml").ran == ["ngram-g3-t0.8-p1"]
+    assert_each_point_once(project / "results" / "tiny")
+
+
+def test_a_draft_with_another_tokenizer_fails_its_points_only(project, tmp_path):
+    other = tiny_llama(vocab_size=len(WORDS), seed=5)
+    tokenizer = word_tokenizer()
+    swapped = list(reversed(WORDS))
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(swapped)}, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    write_model_folder(project / "alien", other, tokenizer)
+    (project / "tiny.toml").write_text(PROFILE.replace('model = "./draft"', 'model = "./alien"'))
+    result = run_cli("tiny.toml")
+    assert result.exit_code == 1
+    points, _ = read(project / "results" / "tiny")
+    failed = points[points["status"] == "failed"]
+    assert set(failed["draft"]) == {"close"} and len(failed) == 4
+    assert failed["error"].str.contains("use different tokenizers").all()
+    assert (points[points["draft"] != "close"]["status"] == "ok").all()
+
+
+def test_json_summary_and_overrides(project):
+    result = CliRunner().invoke(app, ["run", "tiny.toml", "--json", "--max-prompts", "1", "--out", "elsewhere"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    assert summary["out_dir"] == "elsewhere" and summary["failed"] == 0
+    assert len(summary["points"]) == N_POINTS
+    assert all(point["n_requests"] == 2 for point in summary["points"])
+
+
+def test_hf_backend_runs_the_same_sweep(project):
+    result = run_cli("tiny.toml", "--backend", "hf", "--max-prompts", "2")
+    assert result.exit_code == 0, result.output
+    points, _ = read(project / "results" / "tiny")
+    assert (points["backend"] == "hf").all() and (points["status"] == "ok").all()
+    greedy = points[points["temperature"] == 0]
+    assert greedy["outputs_match_baseline"].all()
+    assert points["acceptance_rate"].isna().all()  # HF does not expose what it drafted
+
+
+@pytest.mark.parametrize("profile_text, message", [
+    ("name = 'x'\n[target\n", "tiny.toml: invalid TOML at line 2"),
+    (PROFILE.replace("gamma = [2, 3]", "gamma = [0]"), "tiny.toml: sweep.gamma[0]: must be an integer >= 1 (got 0)"),
+    (PROFILE.replace('"prompts.jsonl"', '"nope.jsonl"'), "tiny.toml: workload.prompts: file not found:"),
+    (PROFILE.replace('"./target"', '"builtin:gpt-9"'), 'tiny.toml: target.model: unknown builtin model "gpt-9"'),
+])
+def test_bad_profiles_fail_in_one_line_with_nothing_written(project, profile_text, message):
+    (project / "tiny.toml").write_text(profile_text)
+    result = run_cli("tiny.toml")
+    assert result.exit_code == 2
+    line = result.output.strip()
+    assert "\n" not in line and message in line
+    assert not (project / "results").exists()
+
+
+def test_bad_prompts_file_and_missing_device_fail_cleanly(project):
+    (project / "prompts.jsonl").write_text('{"prompt": "the cat"}\n{"text": "oops"}\n')
+    result = run_cli("tiny.toml")
+    assert result.exit_code == 2 and "prompts.jsonl line 2" in result.output
+    assert not (project / "results").exists()
+
+
+def test_missing_cuda_is_a_clear_error(project):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = run_cli("tiny.toml", "--device", "cuda")
+    assert result.exit_code == 2 and "CUDA is not available" in result.output
+    assert not (project / "results").exists()
+
+
+def test_resuming_into_a_folder_of_another_run_is_refused(project):
+    assert run_cli("tiny.toml", "--max-prompts", "1").exit_code == 0
+    result = run_cli("tiny.toml")
+    assert result.exit_code == 2 and "use --fresh" in result.output
+    assert run_cli("tiny.toml", "--fresh").exit_code == 0
+
+
+def test_the_quickstart_profile_plans_baselines_first():
+    profile = load_profile(Path(__file__).parents[1] / "profiles" / "quickstart.toml")
+    points = sweep.plan_points(profile)
+    assert [p.point_id for p in points if p.method == "baseline"] == ["baseline-t0-p1", "baseline-t0.8-p1"]
+    assert points[0].method == "baseline"
+    assert len(points) == len(profile.sweep.temperature) * (1 + len(profile.drafts) * len(profile.sweep.gamma))
