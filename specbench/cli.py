@@ -14,6 +14,8 @@ from specbench.devices import DeviceError
 from specbench.models import BUILTIN_MODELS, ModelError, fetch_builtin, list_builtins
 from specbench.profile import DEFAULT_PROFILE, ProfileError, load_profile, with_overrides
 from specbench.render import SweepProgress, print_builtins, print_run_summary
+from specbench.report import Format, ReportError, build_report, default_html_path, render
+from specbench.report.terminal import print_report
 from specbench.sweep import ResumeError, run_sweep
 from specbench.workloads import WorkloadError
 
@@ -69,6 +71,47 @@ def run(
         summary = {"out_dir": str(out_dir), "failed": result.failed, "ran": result.ran, "points": points}
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     raise typer.Exit(1 if result.failed else 0)
+
+
+@app.command()
+def report(
+    paths: Annotated[list[str], typer.Argument(
+        metavar="PATH", help="Result folders written by `specbench run`, or folders holding them.")],
+    fmt: Annotated[Format, typer.Option(
+        "--format", help="terminal: rich tables. md, csv, json: to --out or stdout. html: one self-contained file "
+                         "with plots, to --out or else report.html in the first PATH.")] = Format.terminal,
+    out: Annotated[Optional[Path], typer.Option(help="Write the report to this file (md, html, csv, json).")] = None,
+    sort: Annotated[str, typer.Option(
+        help="Point column to sort by: descending for speedup, tokens/s and acceptance, ascending otherwise "
+             "(latency, memory).")] = "speedup",
+    filters: Annotated[Optional[list[str]], typer.Option(
+        "--filter", help="KEY=VALUE, repeatable (method=draft, temperature=0, draft=ngram): one key repeated "
+                         "matches any of its values; different keys must all match.")] = None,
+    top: Annotated[Optional[int], typer.Option(help="Show the first N points per temperature.")] = None,
+) -> None:
+    """Tables and plots from result folders; exactly two folders are also compared point by point."""
+    if out is not None and fmt == Format.terminal:
+        _fail("--out needs --format md, html, csv or json")
+    try:
+        built = build_report(paths, filters=filters or [], sort=sort, top=top)
+    except ReportError as error:
+        _fail(str(error))
+    notes = _console(stderr=True)
+    for skipped in built.skipped:
+        notes.print(str(skipped), markup=False, highlight=False, soft_wrap=True)
+    if fmt == Format.terminal:
+        print_report(_console(), built)
+        return
+    text = render(built, fmt)
+    target = out or (default_html_path(paths) if fmt == Format.html else None)
+    if target is None:
+        sys.stdout.write(text)
+        return
+    try:
+        target.write_text(text)
+    except OSError as error:
+        _fail(f"cannot write {target}: {error.strerror}")
+    notes.print(f"wrote {target}", markup=False, highlight=False, soft_wrap=True)
 
 
 @models_app.callback()

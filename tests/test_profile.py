@@ -99,7 +99,7 @@ def test_quickstart_contents():
     assert profile.sweep.temperature == (0.0, 0.8)
     assert profile.sweep.top_p == (1.0,)
     assert profile.workload.prompts == "builtin:mixed"
-    assert (profile.backend, profile.device, profile.dtype) == ("native", "auto", "auto")
+    assert (profile.backend, profile.device, profile.dtype) == ("native", "cpu", "auto")
 
 
 def test_defaults_fill_what_a_profile_leaves_out():

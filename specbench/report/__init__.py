@@ -1,0 +1,49 @@
+"""`specbench report`: tables, plots and comparisons from the result folders `specbench run` writes.
+
+    load.py      find and read result folders; skip unreadable ones with a reason
+    tables.py    the tables as DataFrames (filter, sort, per category, comparison, Pareto front)
+    build.py     assemble a Report
+    text.py      Markdown, CSV, JSON          html.py   one self-contained HTML file
+    plots.py     matplotlib figures as PNG    terminal.py  rich tables
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+from specbench.report.build import Report, RunReport, build_report
+from specbench.report.load import ReportError, Skipped
+
+HTML_FILE = "report.html"
+
+
+class Format(str, Enum):
+    terminal = "terminal"
+    md = "md"
+    html = "html"
+    csv = "csv"
+    json = "json"
+
+
+def render(report: Report, fmt: Format) -> str:
+    """The report as md, html, csv or json text (the terminal format is printed by terminal.py)."""
+    if fmt == Format.html:
+        from specbench.report.html import to_html  # matplotlib loads only when plots are drawn
+
+        return to_html(report)
+    from specbench.report import text
+
+    renderers = {Format.md: text.to_markdown, Format.csv: text.to_csv, Format.json: text.to_json}
+    if fmt not in renderers:
+        raise ReportError(f"--format {fmt.value} is printed, not rendered to text")
+    return renderers[fmt](report)
+
+
+def default_html_path(paths: list[str | Path]) -> Path:
+    """Where an HTML report goes without --out: report.html in the first folder given."""
+    return Path(paths[0]) / HTML_FILE
+
+
+__all__ = ["Format", "HTML_FILE", "Report", "ReportError", "RunReport", "Skipped", "build_report",
+           "default_html_path", "render"]

@@ -1,0 +1,87 @@
+"""Assemble a report from result folders: read, filter, tabulate; compare when there are two runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from specbench.report import tables
+from specbench.report.load import Run, Skipped, load_runs
+
+
+@dataclass(frozen=True)
+class RunReport:
+    run: Run
+    points: pd.DataFrame  # the run's points after --filter (all columns; plots read these)
+    table: pd.DataFrame  # tables.TABLE_COLUMNS, sorted, --top per temperature
+    categories: pd.DataFrame  # tables.category_speedups of the filtered points
+
+    @property
+    def failed(self) -> pd.DataFrame:
+        return self.points[self.points["status"] == "failed"][["point_id", "error"]]
+
+    @property
+    def mismatched(self) -> list[str]:
+        return list(self.points["point_id"][tables.status_labels(self.points) == "mismatch"])
+
+    @property
+    def summary(self) -> str:
+        return run_summary(self.run)
+
+
+@dataclass(frozen=True)
+class Report:
+    runs: list[RunReport]
+    skipped: list[Skipped]
+    comparison: pd.DataFrame | None  # tables.compare_runs of the first run (a) and the second (b)
+    sort: str
+    filters: list[tables.Filter]
+    top: int | None = None
+
+    def points_table(self) -> pd.DataFrame:
+        """Every run's table rows, one frame (the csv output)."""
+        frames = [r.table for r in self.runs if len(r.table)]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=tables.TABLE_COLUMNS)
+
+
+def build_report(paths: list[str | Path], *, filters: list[str] = (), sort: str = "speedup",
+                 top: int | None = None) -> Report:
+    """Raises ReportError for a bad --filter/--sort/--top, a missing path or no readable results;
+    unreadable folders are listed in `skipped` instead."""
+    parsed = [tables.Filter.parse(text) for text in filters]
+    tables.check_sort_key(sort)
+    if top is not None and top < 1:
+        raise tables.ReportError(f"--top {top}: expected a positive number of points per temperature")
+    runs, skipped = load_runs(list(paths))
+    reports = []
+    for run in runs:
+        points = tables.apply_filters(run.points, parsed)
+        reports.append(RunReport(
+            run=run, points=points, table=tables.points_table(points, run=run.name, sort=sort, top=top),
+            categories=tables.category_speedups(points, run.requests),
+        ))
+    comparison = None
+    if len(reports) == 2:
+        first, second = reports
+        comparison = tables.compare_runs(first.points, second.points, name_a=first.run.name, name_b=second.run.name)
+    return Report(runs=reports, skipped=skipped, comparison=comparison, sort=sort, filters=parsed, top=top)
+
+
+def run_summary(run: Run) -> str:
+    """One line from the manifest: target, backend, device, workload, when, status."""
+    manifest = run.manifest
+    profile = manifest.get("profile") or {}
+    environment = manifest.get("environment") or {}
+    target = (((manifest.get("models") or {}).get("target") or {}).get("model")
+              or (profile.get("target") or {}).get("model"))
+    parts = [
+        f"target {target}" if target else None,
+        f"backend {profile['backend']}" if profile.get("backend") else None,
+        f"device {environment.get('device_name') or environment.get('device')}" if environment else None,
+        f"workload {(profile.get('workload') or {}).get('prompts')}" if profile.get("workload") else None,
+        f"started {manifest['started_at']}" if manifest.get("started_at") else None,
+        f"status {manifest['status']}" if manifest.get("status") else None,
+    ]
+    return ", ".join(p for p in parts if p) or "no manifest.json"

@@ -1,0 +1,108 @@
+"""The HTML report: one self-contained file (inline CSS, plots as base64 PNG data URIs, no network)."""
+
+from __future__ import annotations
+
+import base64
+from html import escape
+
+import pandas as pd
+
+from specbench.report import plots, tables
+from specbench.report.build import Report, RunReport
+from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1200px;
+       padding: 0 1em; color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: 0.2em; margin-top: 2em; }
+.meta { color: #666; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { padding: 0.3em 0.7em; border-bottom: 1px solid #e3e3e3; text-align: right; white-space: nowrap; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #f4f4f4; }
+tr.best td { background: #e3f5e6; font-weight: bold; }
+tr.failed td { color: #999; }
+tr.mismatch td { background: #fde2e2; color: #a00; font-weight: bold; }
+.warning { background: #fde2e2; border-left: 6px solid #c00; padding: 0.6em 1em; color: #900; font-weight: bold; }
+figure { margin: 1em 0 2em; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.9em; }
+.missing { color: #888; font-style: italic; }
+"""
+
+# Records, for automated checks, whether each image decoded and any error the page raised.
+SCRIPT = """
+window.addEventListener("error", function (event) {
+  var root = document.documentElement, what = event.message || ("failed to load " + (event.target.tagName || "?"));
+  root.dataset.errors = (root.dataset.errors || "") + what + "; ";
+}, true);
+window.addEventListener("load", function () {
+  var images = Array.prototype.slice.call(document.images), decoded = 0;
+  images.forEach(function (image) {
+    image.dataset.naturalWidth = image.naturalWidth;
+    image.dataset.naturalHeight = image.naturalHeight;
+    if (image.complete && image.naturalWidth > 0) { decoded += 1; }
+  });
+  document.documentElement.dataset.imagesDecoded = decoded + "/" + images.length;
+});
+"""
+
+
+def to_html(report: Report) -> str:
+    body = ["<h1>specbench report</h1>", f'<p class="meta">{escape(options_line(report))}</p>']
+    for run_report in report.runs:
+        body += _run_section(run_report)
+    if report.comparison is not None:
+        first, second = (r.run.name for r in report.runs)
+        body += [f"<h2>Comparison: {escape(first)} &rarr; {escape(second)}</h2>",
+                 f"<p>change = speedup in {escape(second)} &minus; speedup in {escape(first)}; faster / slower when "
+                 "the 95 % CIs do not overlap.</p>",
+                 _table(display_comparison(report.comparison, first, second))]
+    if report.skipped:
+        body += ["<h2>Skipped</h2>", "<ul>"] + [f"<li>{escape(str(s))}</li>" for s in report.skipped] + ["</ul>"]
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        "<title>specbench report</title>", f"<style>{CSS}</style>", f"<script>{SCRIPT}</script>", "</head>",
+        "<body>", *body, "</body>", "</html>", "",
+    ])
+
+
+def _run_section(run_report: RunReport) -> list[str]:
+    section = [f"<h2>{escape(run_report.run.name)}</h2>",
+               f'<p class="meta"><code>{escape(str(run_report.run.path))}</code>: {escape(run_report.summary)}</p>']
+    for point_id in run_report.mismatched:
+        section.append(f'<p class="warning">WARNING: {escape(mismatch_warning(point_id))}.</p>')
+    if not len(run_report.table):
+        section.append("<p>No points match the filters.</p>")
+    for (temperature, top_p), group in run_report.table.groupby(["temperature", "top_p"], sort=True):
+        classes = ["best" if best else status if status != "ok" else "" for best, status in
+                   zip(group["best"], group["status"])]
+        section += [f"<h3>{escape(tables.group_title(temperature, top_p))}</h3>",
+                    _table(tables.display_points(group), row_classes=classes)]
+    if len(run_report.failed):
+        section += ["<h3>Failed points</h3>", "<ul>"]
+        section += [f"<li><code>{escape(row['point_id'])}</code>: {escape(str(row['error']))}</li>"
+                    for row in run_report.failed.to_dict("records")]
+        section.append("</ul>")
+    matrix = tables.category_matrix(run_report.categories)
+    if len(matrix):
+        section += ["<h3>Speedup per workload category</h3>", _table(display_matrix(matrix))]
+    for plot in plots.all_plots(run_report.points, run_report.categories):
+        section.append(_figure(plot))
+    return section
+
+
+def _figure(plot: plots.Plot | tuple[str, str]) -> str:
+    if isinstance(plot, tuple):
+        title, reason = plot
+        return f'<h3>{escape(title)}</h3><p class="missing">{escape(reason)}</p>'
+    data = base64.b64encode(plot.png).decode("ascii")
+    return (f"<h3>{escape(plot.title)}</h3><figure><img src=\"data:image/png;base64,{data}\" "
+            f"alt=\"{escape(plot.title)}\"><figcaption>{escape(plot.caption)}</figcaption></figure>")
+
+
+def _table(frame: pd.DataFrame, *, row_classes: list[str] | None = None) -> str:
+    classes = row_classes or [""] * len(frame)
+    head = "".join(f"<th>{escape(str(c))}</th>" for c in frame.columns)
+    rows = [(f'<tr class="{c}">' if c else "<tr>") + "".join(f"<td>{escape(str(v))}</td>" for v in row) + "</tr>"
+            for c, row in zip(classes, frame.itertuples(index=False))]
+    return "<table><thead><tr>" + head + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"

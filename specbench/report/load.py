@@ -1,0 +1,141 @@
+"""Find and read result folders written by `specbench run`. A folder that cannot be read whole is
+skipped with a one-line reason; the others still make a report."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from specbench import results
+
+TRIALS_FILE = "trials.parquet"  # written by `specbench tune` (planned); not covered by the report yet
+
+# The columns the report reads; a folder missing any of them is skipped.
+POINT_COLUMNS_USED = (
+    "point_id", "status", "error", "method", "draft", "gamma", "temperature", "top_p", "tokens_per_s",
+    "speedup", "speedup_ci_low", "speedup_ci_high", "predicted_speedup", "acceptance_rate",
+    "mean_accepted_length", "accepted_per_position", "drafted_per_position", "ttft_ms_p50", "tpot_ms_p50",
+    "tpot_ms_p90", "peak_memory_mb", "outputs_match_baseline",
+)
+REQUEST_COLUMNS_USED = ("point_id", "category", "output_tokens", "e2e_ms")
+
+
+class ReportError(ValueError):
+    """Bad input to `specbench report`: a missing path, no readable results, an unknown option value."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One result folder."""
+
+    name: str
+    path: Path
+    points: pd.DataFrame
+    requests: pd.DataFrame
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: Path
+    reason: str
+
+    def __str__(self) -> str:
+        return f"skipped {self.path}: {self.reason}"
+
+
+def load_runs(paths: list[str | Path]) -> tuple[list[Run], list[Skipped]]:
+    """Each path is a result folder or a parent folder of result folders (its direct subfolders).
+    Raises ReportError for a missing path, a path with no result folders, or nothing readable."""
+    if not paths:
+        raise ReportError("no results given: pass one or more result folders (e.g. results/quickstart)")
+    runs: list[Run] = []
+    skipped: list[Skipped] = []
+    for path in paths:
+        for folder in _result_folders(path):
+            run = _read_run(folder)
+            (runs if isinstance(run, Run) else skipped).append(run)
+    if not runs:
+        reasons = "; ".join(str(s) for s in skipped)
+        given = ", ".join(str(p) for p in paths)
+        raise ReportError(f"no readable results in {given}" + (f" ({reasons})" if reasons else ""))
+    return _unique_names(runs), skipped
+
+
+def _result_folders(given: str | Path) -> list[Path]:
+    if not str(given).strip():
+        raise ReportError("an empty path was given: pass a result folder (e.g. results/quickstart)")
+    path = Path(given)
+    if not path.exists():
+        raise ReportError(f"no such folder: {path}")
+    if not path.is_dir():
+        raise ReportError(f"{path} is not a folder: pass a result folder written by `specbench run`")
+    if _looks_like_results(path):
+        return [path]
+    children = sorted(child for child in path.iterdir() if child.is_dir() and _looks_like_results(child))
+    if not children:
+        raise ReportError(f"no results in {path}: expected {results.POINTS_FILE} in it or in its direct subfolders")
+    return children
+
+
+def _looks_like_results(folder: Path) -> bool:
+    names = (results.POINTS_FILE, results.REQUESTS_FILE, results.MANIFEST_FILE, TRIALS_FILE)
+    return any((folder / name).exists() for name in names)
+
+
+def _read_run(folder: Path) -> Run | Skipped:
+    points_path, requests_path = folder / results.POINTS_FILE, folder / results.REQUESTS_FILE
+    if not points_path.exists():
+        if (folder / TRIALS_FILE).exists():
+            return Skipped(folder, f"a tune result ({TRIALS_FILE}): reports on tune trials are not supported yet")
+        return Skipped(folder, f"no {results.POINTS_FILE} (an unfinished or partial run?)")
+    if not requests_path.exists():
+        return Skipped(folder, f"no {results.REQUESTS_FILE} (an unfinished or partial run?)")
+    points = _read_parquet(points_path, POINT_COLUMNS_USED)
+    if isinstance(points, str):
+        return Skipped(folder, points)
+    requests = _read_parquet(requests_path, REQUEST_COLUMNS_USED)
+    if isinstance(requests, str):
+        return Skipped(folder, requests)
+    manifest = _read_manifest(folder / results.MANIFEST_FILE)
+    if isinstance(manifest, str):
+        return Skipped(folder, manifest)
+    return Run(name=folder.name, path=folder, points=points, requests=requests, manifest=manifest)
+
+
+def _read_parquet(path: Path, columns: tuple[str, ...]) -> pd.DataFrame | str:
+    """The frame, or why it cannot be used."""
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as error:  # pyarrow raises several types for truncated or foreign files
+        return f"unreadable {path.name}: {_first_line(error).replace(str(path), path.name)}"
+    missing = [name for name in columns if name not in frame.columns]
+    if missing:
+        return f"{path.name} lacks columns: {', '.join(missing)}"
+    return frame
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | str:
+    if not path.exists():
+        return {}
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"unreadable {path.name}: {_first_line(error)}"
+    return manifest if isinstance(manifest, dict) else f"unreadable {path.name}: not a JSON object"
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _unique_names(runs: list[Run]) -> list[Run]:
+    """Runs are named by folder; two folders with one name are named by their paths instead."""
+    names = [run.name for run in runs]
+    return [run if names.count(run.name) == 1 else Run(str(run.path), run.path, run.points, run.requests, run.manifest)
+            for run in runs]

@@ -1,0 +1,173 @@
+"""The report's plots, drawn with matplotlib's Agg renderer (no display, no pyplot state) into PNG
+bytes. Each function returns a Plot, or None when the points hold nothing to draw."""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.figure import Figure
+
+from specbench.report import tables
+
+PANEL_W, PANEL_H, MAX_COLUMNS = 4.8, 3.4, 3
+
+
+@dataclass(frozen=True)
+class Plot:
+    title: str
+    caption: str
+    png: bytes
+
+
+def all_plots(points: pd.DataFrame, categories: pd.DataFrame) -> list[Plot | tuple[str, str]]:
+    """Every plot in report order; a (title, why not drawn) pair where there was nothing to draw."""
+    makers = [
+        ("Speedup vs gamma", lambda: speedup_vs_gamma(points), "no speculative point ran"),
+        ("Acceptance by draft position", lambda: acceptance_by_position(points),
+         "no per-position draft counts (the hf backend does not record them)"),
+        ("Measured vs predicted speedup", lambda: measured_vs_predicted(points),
+         "no predicted speedups (they need the native backend's draft and verify timings)"),
+        ("Speedup per workload category", lambda: category_heatmap(categories),
+         "no speculative point with a baseline on the same categories"),
+        ("Throughput vs peak memory", lambda: throughput_vs_memory(points), "no tokens/s and peak memory recorded"),
+    ]
+    drawn: list[Plot | tuple[str, str]] = []
+    for title, make, reason in makers:
+        plot = make()
+        drawn.append(plot if plot is not None else (title, f"Not drawn: {reason}."))
+    return drawn
+
+
+def speedup_vs_gamma(points: pd.DataFrame) -> Plot | None:
+    data = _speculative(points).dropna(subset=["gamma", "speedup"])
+    if not len(data):
+        return None
+    groups = list(data.groupby(["temperature", "top_p"], sort=True))
+    figure, axes = _panels(len(groups))
+    for ax, ((temperature, top_p), group) in zip(axes, groups):
+        for draft, lines in group.groupby("draft", sort=True):
+            lines = lines.sort_values("gamma")
+            gamma = lines["gamma"].astype(float)
+            (line,) = ax.plot(gamma, lines["speedup"], marker="o", label=draft)
+            band = lines.dropna(subset=["speedup_ci_low", "speedup_ci_high"])
+            if len(band):
+                ax.fill_between(band["gamma"].astype(float), band["speedup_ci_low"], band["speedup_ci_high"],
+                                color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="baseline")
+        ax.set(title=tables.group_title(temperature, top_p), xlabel="gamma (draft tokens per step)", ylabel="speedup")
+        ax.set_xticks(sorted(group["gamma"].astype(int).unique()))
+        ax.legend(fontsize="small")
+    return _plot(figure, "Speedup vs gamma",
+                 "Speedup over the baseline per draft; bands are the 95 % bootstrap CIs; dashed: the baseline.")
+
+
+def acceptance_by_position(points: pd.DataFrame) -> Plot | None:
+    data = tables.acceptance_by_position(points)
+    if not len(data):
+        return None
+    groups = list(data.groupby(["temperature", "top_p"], sort=True))
+    figure, axes = _panels(len(groups))
+    for ax, ((temperature, top_p), group) in zip(axes, groups):
+        for point_id, line in group.groupby("point_id", sort=False):
+            ax.plot(line["position"], line["acceptance_rate"], marker="o", label=_label(line.iloc[0]))
+        ax.set(title=tables.group_title(temperature, top_p), xlabel="draft position", ylabel="acceptance rate",
+               ylim=(0, 1.05))
+        ax.set_xticks(sorted(group["position"].unique()))
+        ax.legend(fontsize="small")
+    return _plot(figure, "Acceptance by draft position",
+                 "accepted / drafted at each position of the speculated block, per point.")
+
+
+def measured_vs_predicted(points: pd.DataFrame) -> Plot | None:
+    data = _speculative(points).dropna(subset=["speedup", "predicted_speedup"])
+    if not len(data):
+        return None
+    figure, (ax,) = _panels(1, width=6.0, height=4.6)
+    for draft, group in data.groupby("draft", sort=True):
+        low = (group["speedup"] - group["speedup_ci_low"]).clip(lower=0).fillna(0)
+        high = (group["speedup_ci_high"] - group["speedup"]).clip(lower=0).fillna(0)
+        ax.errorbar(group["predicted_speedup"], group["speedup"], yerr=[low, high], fmt="o", capsize=3, label=draft)
+    bounds = pd.concat([data["speedup"], data["predicted_speedup"], data["speedup_ci_low"].dropna(),
+                        data["speedup_ci_high"].dropna()])
+    lo, hi = float(bounds.min()), float(bounds.max())
+    pad = 0.05 * (hi - lo or 1.0)
+    ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", linestyle="--", linewidth=1, label="y = x")
+    ax.set(xlabel="predicted speedup (analytic model)", ylabel="measured speedup")
+    ax.legend(fontsize="small")
+    return _plot(figure, "Measured vs predicted speedup",
+                 "Each point against the Leviathan et al. prediction from its measured acceptance and costs; "
+                 "error bars are 95 % CIs. Above the line: faster than predicted.")
+
+
+def category_heatmap(categories: pd.DataFrame) -> Plot | None:
+    matrix = tables.category_matrix(categories)
+    if not len(matrix) or matrix.isna().all().all():
+        return None
+    values = matrix.to_numpy(dtype=float)
+    finite = values[~pd.isna(values)]
+    # red below 1x, green above; each side spans its own range (speedups are never negative)
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=min(float(finite.min()), 0.95), vmax=max(float(finite.max()), 1.05))
+    figure, (ax,) = _panels(1, width=max(5.0, 1.1 * len(matrix.columns) + 3.0),
+                            height=max(2.5, 0.42 * len(matrix) + 1.5))
+    image = ax.imshow(values, cmap="RdYlGn", norm=norm, aspect="auto")
+    ax.set_xticks(range(len(matrix.columns)), matrix.columns, rotation=30, ha="right")
+    ax.set_yticks(range(len(matrix)), matrix.index)
+    for (row, column), value in pd.DataFrame(values).stack().items():
+        ax.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize="small")
+    figure.colorbar(image, ax=ax, label="speedup")
+    return _plot(figure, "Speedup per workload category",
+                 "Per point and category: sum of output tokens / sum of end-to-end time, over the baseline's "
+                 "on the same category.")
+
+
+def throughput_vs_memory(points: pd.DataFrame) -> Plot | None:
+    data = tables.trusted(points).dropna(subset=["tokens_per_s", "peak_memory_mb"])
+    if not len(data):
+        return None
+    front = tables.pareto_front(data)
+    groups = list(data.groupby(["temperature", "top_p"], sort=True))
+    figure, axes = _panels(len(groups))
+    for ax, ((temperature, top_p), group) in zip(axes, groups):
+        on_front = group[front[group.index]].sort_values("peak_memory_mb")
+        ax.scatter(group["peak_memory_mb"], group["tokens_per_s"], color="tab:blue", alpha=0.6, label="point")
+        ax.step(on_front["peak_memory_mb"], on_front["tokens_per_s"], where="post", color="tab:red",
+                label="Pareto front")
+        ax.scatter(on_front["peak_memory_mb"], on_front["tokens_per_s"], color="tab:red", zorder=3)
+        for row in on_front.to_dict("records"):
+            ax.annotate(_label(row), (row["peak_memory_mb"], row["tokens_per_s"]), fontsize="x-small",
+                        xytext=(4, 4), textcoords="offset points")
+        ax.margins(0.15)
+        ax.set(title=tables.group_title(temperature, top_p), xlabel="peak memory (MB)", ylabel="tokens/s")
+        ax.legend(fontsize="small")
+    return _plot(figure, "Throughput vs peak memory",
+                 "The Pareto front: points that no other point beats on both tokens/s and peak memory.")
+
+
+def _speculative(points: pd.DataFrame) -> pd.DataFrame:
+    trusted = tables.trusted(points)
+    return trusted[trusted["method"] != "baseline"]
+
+
+def _label(row) -> str:
+    gamma = row["gamma"]
+    return str(row["draft"]) if gamma is None or pd.isna(gamma) else f"{row['draft']} g={int(gamma)}"
+
+
+def _panels(n: int, *, width: float = PANEL_W, height: float = PANEL_H):
+    columns = min(n, MAX_COLUMNS)
+    rows = math.ceil(n / columns)
+    figure = Figure(figsize=(width * columns, height * rows), layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for unused in axes[n:]:
+        unused.set_visible(False)
+    return figure, list(axes[:n])
+
+
+def _plot(figure: Figure, title: str, caption: str) -> Plot:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    return Plot(title=title, caption=caption, png=buffer.getvalue())

@@ -1,0 +1,273 @@
+"""The report's tables as plain DataFrames, shared by every format: filtered and sorted point tables,
+speedup per workload category, the comparison of two runs, the Pareto front, per-position acceptance.
+
+Nothing here formats for a screen except `display_points`, which turns numbers into the strings every
+text format shows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from specbench import results
+from specbench.report.load import ReportError
+
+LIST_COLUMNS = ("accepted_per_position", "drafted_per_position")
+KEYS = tuple(name for name in results.POINT_COLUMNS if name not in LIST_COLUMNS)  # --filter and --sort keys
+DESCENDING = frozenset({"speedup", "speedup_ci_low", "speedup_ci_high", "predicted_speedup", "tokens_per_s",
+                        "acceptance_rate", "mean_accepted_length", "output_tokens", "n_requests"})
+
+# One row per point. status: ok | failed | mismatch (a greedy point whose outputs differ from the
+# baseline's: a broken engine, not a fast one). best: the fastest trustworthy point of its temperature.
+TABLE_COLUMNS = (
+    "run", "temperature", "top_p", "point_id", "method", "draft", "gamma", "speedup", "speedup_ci_low",
+    "speedup_ci_high", "tokens_per_s", "acceptance_rate", "mean_accepted_length", "tpot_ms_p50", "tpot_ms_p90",
+    "ttft_ms_p50", "peak_memory_mb", "status", "best", "error",
+)
+_BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+DISPLAY_COLUMNS = ("point", "speedup", "95% CI", "tok/s", "accept", "MAL", "TPOT p50 ms", "TPOT p90 ms",
+                   "TTFT p50 ms", "peak MB", "status")
+
+
+@dataclass(frozen=True)
+class Filter:
+    """KEY=VALUE. Filters on one key are alternatives (OR); filters on different keys all apply (AND)."""
+
+    key: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> "Filter":
+        key, sep, value = text.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ReportError(f"--filter {text!r}: expected KEY=VALUE, e.g. method=draft or temperature=0")
+        if key not in KEYS:
+            raise ReportError(f"--filter {text!r}: unknown key {key!r}; known keys: {', '.join(KEYS)}")
+        return cls(key, value.strip())
+
+    def matches(self, column: pd.Series) -> pd.Series:
+        if pd.api.types.is_bool_dtype(column) or self.key == "outputs_match_baseline":
+            wanted = _BOOLEANS.get(self.value.lower())
+            if wanted is None:
+                raise ReportError(f"--filter {self.key}={self.value}: {self.key} is true or false")
+            return column.astype("boolean").eq(wanted).fillna(False).astype(bool)
+        if pd.api.types.is_numeric_dtype(column):
+            try:
+                number = float(self.value)
+            except ValueError:
+                raise ReportError(
+                    f"--filter {self.key}={self.value}: {self.key} is numeric, e.g. {self.key}=2") from None
+            return column.astype("float64").eq(number).fillna(False).astype(bool)
+        return column.astype("string").eq(self.value).fillna(False).astype(bool)
+
+
+def check_sort_key(column: str) -> None:
+    if column not in KEYS:
+        raise ReportError(f"--sort {column!r}: unknown column; known columns: {', '.join(KEYS)}")
+
+
+def apply_filters(points: pd.DataFrame, filters: list[Filter]) -> pd.DataFrame:
+    keep = pd.Series(True, index=points.index)
+    for key in dict.fromkeys(f.key for f in filters):
+        if key not in points.columns:
+            keep &= False
+            continue
+        alternatives = [f.matches(points[key]) for f in filters if f.key == key]
+        keep &= np.logical_or.reduce(alternatives)
+    return points[keep]
+
+
+def sort_points(points: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Descending for speedup, throughput and acceptance columns, ascending otherwise (latency,
+    memory, names); missing values last; ties by point_id."""
+    ascending = column not in DESCENDING
+    return points.sort_values([column, "point_id"], ascending=[ascending, True], na_position="last", kind="stable")
+
+
+def status_labels(points: pd.DataFrame) -> pd.Series:
+    mismatch = points["outputs_match_baseline"].astype("boolean").eq(False).fillna(False).astype(bool)
+    failed = points["status"].astype("string").eq("failed").fillna(False).astype(bool)
+    return pd.Series(np.where(failed, "failed", np.where(mismatch, "mismatch", "ok")), index=points.index)
+
+
+def best_point_ids(points: pd.DataFrame) -> set[str]:
+    """Per temperature and top_p: the highest speedup among points that ran and whose greedy outputs
+    match (the baseline itself when nothing beats it; the baseline wins exact ties)."""
+    trusted = points[(status_labels(points) == "ok") & points["speedup"].notna()]
+    best = set()
+    for _, group in trusted.groupby(["temperature", "top_p"]):
+        ranked = group.assign(_not_baseline=group["method"] != "baseline").sort_values(
+            ["speedup", "_not_baseline", "point_id"], ascending=[False, True, True])
+        best.add(ranked.iloc[0]["point_id"])
+    return best
+
+
+def points_table(points: pd.DataFrame, *, run: str, sort: str = "speedup", top: int | None = None) -> pd.DataFrame:
+    """TABLE_COLUMNS: per temperature and top_p (ascending), the points sorted by `sort`, the first
+    `top` of each. Best and status are decided before the cut."""
+    labelled = points.assign(run=run, status=status_labels(points),
+                             best=points["point_id"].isin(best_point_ids(points)))
+    groups = [sort_points(group, sort).head(top) if top is not None else sort_points(group, sort)
+              for _, group in labelled.groupby(["temperature", "top_p"], sort=True)]
+    if not groups:
+        return pd.DataFrame(columns=TABLE_COLUMNS)
+    return pd.concat(groups)[list(TABLE_COLUMNS)].reset_index(drop=True)
+
+
+def display_points(table: pd.DataFrame) -> pd.DataFrame:
+    """DISPLAY_COLUMNS as strings, one row per table row."""
+    rows = [(
+        row["point_id"],
+        fmt(row["speedup"], ".2f", "x"),
+        fmt_ci(row["speedup_ci_low"], row["speedup_ci_high"]),
+        fmt(row["tokens_per_s"], ".1f"),
+        fmt(row["acceptance_rate"], ".0%"),
+        fmt(row["mean_accepted_length"], ".2f"),
+        fmt(row["tpot_ms_p50"], ".1f"),
+        fmt(row["tpot_ms_p90"], ".1f"),
+        fmt(row["ttft_ms_p50"], ".1f"),
+        fmt(row["peak_memory_mb"], ".0f"),
+        row["status"],
+    ) for row in table.to_dict("records")]
+    return pd.DataFrame(rows, columns=DISPLAY_COLUMNS)
+
+
+def _missing(value: object) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def fmt(value: object, spec: str, suffix: str = "") -> str:
+    return "-" if _missing(value) else f"{value:{spec}}{suffix}"
+
+
+def fmt_ci(low: object, high: object) -> str:
+    return "-" if _missing(low) or _missing(high) else f"{low:.2f}-{high:.2f}"
+
+
+def group_title(temperature: float, top_p: float) -> str:
+    return f"temperature {temperature:g}" + (f", top_p {top_p:g}" if top_p < 1 else "")
+
+
+# --- per category --------------------------------------------------------------------------------
+
+
+def category_speedups(points: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """Per trusted speculative point and workload category: throughput = sum(output_tokens) /
+    sum(e2e) over the category's requests, and speedup = that / the baseline's (same temperature and
+    top_p) on the same category. Columns: point_id, temperature, top_p, category, tokens_per_s,
+    baseline_tokens_per_s, speedup."""
+    columns = ["point_id", "temperature", "top_p", "category", "tokens_per_s", "baseline_tokens_per_s", "speedup"]
+    if not len(requests):
+        return pd.DataFrame(columns=columns)
+    sums = requests.groupby(["point_id", "category"], sort=False)[["output_tokens", "e2e_ms"]].sum().reset_index()
+    sums["tokens_per_s"] = sums["output_tokens"] / (sums["e2e_ms"] / 1e3)
+    ran = trusted(points)
+    ran = ran[ran["method"] != "baseline"]
+    frame = ran[["point_id", "temperature", "top_p"]].merge(
+        sums[["point_id", "category", "tokens_per_s"]], on="point_id")
+    frame["baseline_id"] = [results.baseline_point_id(t, p) for t, p in zip(frame["temperature"], frame["top_p"])]
+    baseline = sums.rename(columns={"point_id": "baseline_id", "tokens_per_s": "baseline_tokens_per_s"})
+    frame = frame.merge(baseline[["baseline_id", "category", "baseline_tokens_per_s"]],
+                        on=["baseline_id", "category"], how="left")
+    frame["speedup"] = frame["tokens_per_s"] / frame["baseline_tokens_per_s"]
+    return frame[columns].reset_index(drop=True)
+
+
+def category_matrix(categories: pd.DataFrame) -> pd.DataFrame:
+    """Speedups as point_id x category (points in their first-seen order, categories sorted)."""
+    if not len(categories):
+        return pd.DataFrame()
+    matrix = categories.pivot(index="point_id", columns="category", values="speedup")
+    order = list(dict.fromkeys(categories["point_id"]))
+    return matrix.loc[order, sorted(matrix.columns)].rename_axis(index="point", columns=None)
+
+
+# --- two runs ------------------------------------------------------------------------------------
+
+
+def compare_runs(a: pd.DataFrame, b: pd.DataFrame, *, name_a: str, name_b: str) -> pd.DataFrame:
+    """Per point_id: the speedups of run a and run b, the change (b - a), whether the 95 % CIs
+    overlap, and a verdict for b against a: faster / slower (CIs apart), no clear change (CIs
+    overlap), no CI, failed or mismatch in a run, only in a run."""
+    a = a.assign(label=status_labels(a)).set_index("point_id")
+    b = b.assign(label=status_labels(b)).set_index("point_id")
+    rows = []
+    for point_id in list(a.index) + [p for p in b.index if p not in a.index]:
+        row = {"point_id": point_id}
+        for side, frame in (("a", a), ("b", b)):
+            present = point_id in frame.index
+            for column in ("speedup", "speedup_ci_low", "speedup_ci_high"):
+                row[f"{column}_{side}"] = frame.at[point_id, column] if present else np.nan
+        row["change"] = row["speedup_b"] - row["speedup_a"]
+        row["cis_overlap"], row["verdict"] = _verdict(point_id, a, b, row, name_a=name_a, name_b=name_b)
+        rows.append(row)
+    columns = ["point_id", "speedup_a", "speedup_ci_low_a", "speedup_ci_high_a", "speedup_b", "speedup_ci_low_b",
+               "speedup_ci_high_b", "change", "cis_overlap", "verdict"]
+    frame = pd.DataFrame(rows, columns=columns)
+    frame["cis_overlap"] = frame["cis_overlap"].astype("boolean")
+    numeric = [c for c in columns if c not in ("point_id", "cis_overlap", "verdict")]
+    frame[numeric] = frame[numeric].astype("float64")
+    return frame
+
+
+def _verdict(point_id: str, a: pd.DataFrame, b: pd.DataFrame, row: dict, *, name_a: str,
+             name_b: str) -> tuple[bool | None, str]:
+    if point_id not in b.index:
+        return None, f"only in {name_a}"
+    if point_id not in a.index:
+        return None, f"only in {name_b}"
+    for name, frame in ((name_a, a), (name_b, b)):
+        if frame.at[point_id, "label"] != "ok":
+            return None, f"{frame.at[point_id, 'label']} in {name}"
+    bounds = [row[f"speedup_ci_{end}_{side}"] for side in ("a", "b") for end in ("low", "high")]
+    if any(_missing(value) for value in bounds):
+        return None, "no CI"
+    low_a, high_a, low_b, high_b = bounds
+    if low_b > high_a:
+        return False, "faster"
+    if high_b < low_a:
+        return False, "slower"
+    return True, "no clear change"
+
+
+# --- plot data -----------------------------------------------------------------------------------
+
+
+def trusted(points: pd.DataFrame) -> pd.DataFrame:
+    """Points that ran and whose greedy outputs match the baseline (mismatched speeds mean nothing)."""
+    return points[status_labels(points) == "ok"]
+
+
+def pareto_front(points: pd.DataFrame) -> pd.Series:
+    """True for trusted points that no other point of the same temperature and top_p beats on both
+    tokens/s (higher) and peak memory (lower)."""
+    on_front = pd.Series(False, index=points.index)
+    usable = trusted(points).dropna(subset=["tokens_per_s", "peak_memory_mb"])
+    for _, group in usable.groupby(["temperature", "top_p"]):
+        best_so_far = -math.inf
+        for index, row in group.sort_values(["peak_memory_mb", "tokens_per_s"], ascending=[True, False]).iterrows():
+            if row["tokens_per_s"] > best_so_far:
+                on_front[index] = True
+                best_so_far = row["tokens_per_s"]
+    return on_front
+
+
+def acceptance_by_position(points: pd.DataFrame) -> pd.DataFrame:
+    """Per trusted point that drafted: accepted / drafted at each draft position (1-based)."""
+    rows = []
+    for row in trusted(points).to_dict("records"):
+        accepted, drafted = row["accepted_per_position"], row["drafted_per_position"]
+        if accepted is None or drafted is None or len(drafted) == 0:
+            continue
+        for position, (n_accepted, n_drafted) in enumerate(zip(accepted, drafted), start=1):
+            if n_drafted > 0:
+                rows.append({"point_id": row["point_id"], "draft": row["draft"], "gamma": row["gamma"],
+                             "temperature": row["temperature"], "top_p": row["top_p"], "position": position,
+                             "acceptance_rate": n_accepted / n_drafted})
+    return pd.DataFrame(rows, columns=["point_id", "draft", "gamma", "temperature", "top_p", "position",
+                                       "acceptance_rate"])

@@ -1,0 +1,57 @@
+"""The report in a terminal: rich tables. The only report module that imports rich."""
+
+from __future__ import annotations
+
+import pandas as pd
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from specbench.report import tables
+from specbench.report.build import Report, RunReport
+from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line
+
+STATUS_STYLE = {"failed": "red", "mismatch": "bold white on red"}
+
+
+def print_report(console: Console, report: Report) -> None:
+    console.print(f"[dim]{escape(options_line(report))}[/dim]")
+    for run_report in report.runs:
+        _print_run(console, run_report)
+    if report.comparison is not None:
+        first, second = (r.run.name for r in report.runs)
+        table = _table(display_comparison(report.comparison, first, second),
+                       title=f"comparison: {first} -> {second} (faster / slower: 95 % CIs apart)")
+        console.print(table)
+
+
+def _print_run(console: Console, run_report: RunReport) -> None:
+    console.rule(f"[bold]{escape(run_report.run.name)}[/bold]")
+    console.print(f"[dim]{escape(str(run_report.run.path))}: {escape(run_report.summary)}[/dim]", soft_wrap=True)
+    if not len(run_report.table):
+        console.print("no points match the filters")
+    for (temperature, top_p), group in run_report.table.groupby(["temperature", "top_p"], sort=True):
+        styles = ["bold green" if best else STATUS_STYLE.get(status) for best, status in
+                  zip(group["best"], group["status"])]
+        title = f"{tables.group_title(temperature, top_p)}  (best in bold green)"
+        console.print(_table(tables.display_points(group), title=title, row_styles=styles))
+    for row in run_report.failed.to_dict("records"):
+        console.print(f"[red]failed[/red] {escape(row['point_id'])}: {escape(str(row['error']))}", soft_wrap=True)
+    for point_id in run_report.mismatched:
+        console.print(f"[bold red]WARNING: {escape(mismatch_warning(point_id))}[/bold red]", soft_wrap=True)
+    matrix = tables.category_matrix(run_report.categories)
+    if len(matrix):
+        console.print(_table(display_matrix(matrix), title="speedup per workload category"))
+
+
+def _table(frame: pd.DataFrame, *, title: str, row_styles: list[str | None] | None = None) -> Table:
+    """Compact (no vertical rules) so a point table fits 120 columns; values never wrap, headers may."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
+                  pad_edge=False)
+    for index, column in enumerate(frame.columns):
+        width = max([len(str(value)) for value in frame[column]] + [1])
+        table.add_column(str(column), justify="left" if index == 0 else "right", min_width=width)
+    for style, row in zip(row_styles or [None] * len(frame), frame.itertuples(index=False)):
+        table.add_row(*(escape(str(value)) for value in row), style=style)
+    return table

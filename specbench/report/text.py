@@ -1,0 +1,121 @@
+"""Markdown, CSV and JSON renderings of a report."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from specbench.report import tables
+from specbench.report.build import Report, RunReport
+
+
+def mismatch_warning(point_id: str) -> str:
+    return (f"greedy outputs differ from the baseline at {point_id}: the engine is broken for this point, "
+            "its speed means nothing")
+
+
+def options_line(report: Report) -> str:
+    filters = ", ".join(f"{f.key}={f.value}" for f in report.filters)
+    return (f"sorted by {report.sort}" + (f"; top {report.top} per temperature" if report.top else "")
+            + (f"; filters: {filters}" if filters else ""))
+
+
+# --- markdown ------------------------------------------------------------------------------------
+
+
+def to_markdown(report: Report) -> str:
+    lines = ["# specbench report", "", options_line(report), ""]
+    for run_report in report.runs:
+        lines += _run_markdown(run_report)
+    if report.comparison is not None:
+        first, second = (r.run.name for r in report.runs)
+        lines += [f"## Comparison: {first} -> {second}", "",
+                  f"change = speedup in {second} - speedup in {first}; faster / slower when the 95 % CIs do not "
+                  "overlap.", ""]
+        lines += markdown_table(display_comparison(report.comparison, first, second)) + [""]
+    if report.skipped:
+        lines += ["## Skipped", ""] + [f"- {_cell(str(s))}" for s in report.skipped] + [""]
+    return "\n".join(lines)
+
+
+def _run_markdown(run_report: RunReport) -> list[str]:
+    lines = [f"## {run_report.run.name}", "", f"`{run_report.run.path}`: {run_report.summary}", ""]
+    if not len(run_report.table):
+        lines += ["No points match the filters.", ""]
+    for (temperature, top_p), group in run_report.table.groupby(["temperature", "top_p"], sort=True):
+        display = tables.display_points(group)
+        display["point"] = [f"**{p}** (best)" if best else p for p, best in zip(display["point"], group["best"])]
+        display["status"] = display["status"].replace({"mismatch": "**MISMATCH**", "failed": "**failed**"})
+        lines += [f"### {tables.group_title(temperature, top_p)}", ""] + markdown_table(display) + [""]
+    if len(run_report.failed):
+        lines += ["Failed points:", ""]
+        lines += [f"- `{row['point_id']}`: {_cell(str(row['error']))}" for row in run_report.failed.to_dict("records")]
+        lines += [""]
+    for point_id in run_report.mismatched:
+        lines += [f"> **WARNING: {mismatch_warning(point_id)}.**", ""]
+    matrix = tables.category_matrix(run_report.categories)
+    if len(matrix):
+        lines += ["### Speedup per workload category", ""]
+        lines += markdown_table(display_matrix(matrix)) + [""]
+    return lines
+
+
+def markdown_table(frame: pd.DataFrame) -> list[str]:
+    """A GitHub table; the first column left-aligned, the others right-aligned."""
+    header = "| " + " | ".join(_cell(str(c)) for c in frame.columns) + " |"
+    rule = "|" + "|".join(":--" if i == 0 else "--:" for i in range(len(frame.columns))) + "|"
+    body = ["| " + " | ".join(_cell(str(v)) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return [header, rule, *body]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def display_matrix(matrix: pd.DataFrame) -> pd.DataFrame:
+    """The category matrix as strings, the point as the first column."""
+    shown = matrix.map(lambda v: tables.fmt(v, ".2f", "x"))
+    return shown.reset_index()
+
+
+def display_comparison(comparison: pd.DataFrame, name_a: str, name_b: str) -> pd.DataFrame:
+    rows = [(
+        row["point_id"],
+        tables.fmt(row["speedup_a"], ".2f", "x"),
+        tables.fmt_ci(row["speedup_ci_low_a"], row["speedup_ci_high_a"]),
+        tables.fmt(row["speedup_b"], ".2f", "x"),
+        tables.fmt_ci(row["speedup_ci_low_b"], row["speedup_ci_high_b"]),
+        tables.fmt(row["change"], "+.2f"),
+        row["verdict"],
+    ) for row in comparison.to_dict("records")]
+    return pd.DataFrame(rows, columns=["point", f"speedup {name_a}", f"95% CI {name_a}", f"speedup {name_b}",
+                                       f"95% CI {name_b}", "change", "verdict"])
+
+
+# --- csv and json --------------------------------------------------------------------------------
+
+
+def to_csv(report: Report) -> str:
+    """The point tables, one row per shown point, a `run` column first."""
+    return report.points_table().to_csv(index=False)
+
+
+def to_json(report: Report) -> str:
+    document: dict[str, Any] = {
+        "sort": report.sort,
+        "filters": [f"{f.key}={f.value}" for f in report.filters],
+        "runs": [{"run": r.run.name, "path": str(r.run.path), "summary": r.summary,
+                  "mismatched": r.mismatched} for r in report.runs],
+        "points": _records(report.points_table()),
+        "category_speedups": _records(pd.concat(
+            [r.categories.assign(run=r.run.name) for r in report.runs], ignore_index=True)),
+        "comparison": _records(report.comparison) if report.comparison is not None else None,
+        "skipped": [{"path": str(s.path), "reason": s.reason} for s in report.skipped],
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return json.loads(frame.to_json(orient="records"))

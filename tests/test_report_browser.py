@@ -1,0 +1,60 @@
+"""The HTML report in a real browser: headless chromium loads it without errors, every plot decodes,
+and a screenshot renders. Skipped only when chromium is not installed (.ci/run installs it)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from specbench.report import Format, build_report, render
+from test_report import PNG_TAG, RUN_A, RUN_B, write_run
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (.ci/run installs it: apt-get install -y chromium)")
+
+OFFLINE_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--enable-logging=stderr"]
+
+
+def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / "chromium-profile"
+    return subprocess.run([CHROMIUM, *OFFLINE_FLAGS, f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=90)
+
+
+@pytest.fixture
+def report_html(tmp_path: Path) -> Path:
+    report = build_report([write_run(tmp_path / "a", RUN_A), write_run(tmp_path / "b", RUN_B)])
+    path = tmp_path / "report.html"
+    path.write_text(render(report, Format.html))
+    return path
+
+
+def test_the_report_loads_without_errors_and_every_image_decodes(tmp_path, report_html):
+    n_images = report_html.read_text().count(PNG_TAG)
+    assert n_images == 5 + 2  # run a: every plot; run b: no per-position, prediction or memory data
+    done = chromium(tmp_path, "--dump-dom", report_html.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    assert f'data-images-decoded="{n_images}/{n_images}"' in dom  # written by the page's load handler
+    assert "data-errors" not in dom and "Uncaught" not in done.stderr
+    widths = re.findall(r'data-natural-width="(\d+)"', dom)
+    heights = re.findall(r'data-natural-height="(\d+)"', dom)
+    assert len(widths) == len(heights) == n_images
+    assert all(int(w) > 100 for w in widths) and all(int(h) > 100 for h in heights)
+
+
+def test_a_screenshot_of_the_report_renders(tmp_path, report_html):
+    shot = tmp_path / "report.png"
+    done = chromium(tmp_path, f"--screenshot={shot}", "--window-size=1280,2000", report_html.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    image = matplotlib.image.imread(shot)
+    assert image.shape[:2] == (2000, 1280)
+    assert image[..., :3].std() > 0.05  # tables and plots, not a blank page
