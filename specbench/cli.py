@@ -17,6 +17,8 @@ from specbench.render import SweepProgress, print_builtins, print_run_summary
 from specbench.report import Format, ReportError, build_report, default_html_path, render
 from specbench.report.terminal import print_report
 from specbench.sweep import ResumeError, run_sweep
+from specbench.tune import OBJECTIVES, Constraints, TuneError, TuneSettings, parse_objective, tune as run_tune
+from specbench.tune.render import TuneProgress, print_tune_summary
 from specbench.workloads import WorkloadError
 
 app = typer.Typer(
@@ -26,7 +28,7 @@ app = typer.Typer(
 models_app = typer.Typer(help="Builtin models: list them, or fetch one for offline use.", invoke_without_command=True)
 app.add_typer(models_app, name="models")
 
-BAD_INPUT = (ProfileError, WorkloadError, ModelError, ResumeError, DeviceError)
+BAD_INPUT = (ProfileError, WorkloadError, ModelError, ResumeError, DeviceError, TuneError)
 
 
 def _console(*, stderr: bool = False) -> Console:
@@ -71,6 +73,53 @@ def run(
         summary = {"out_dir": str(out_dir), "failed": result.failed, "ran": result.ran, "points": points}
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     raise typer.Exit(1 if result.failed else 0)
+
+
+@app.command()
+def tune(
+    profile: Annotated[Optional[Path], typer.Argument(help=f"Profile TOML (default: {DEFAULT_PROFILE}; none with --replay).")] = None,
+    objective: Annotated[str, typer.Option(help=f"What to optimise: {', '.join(OBJECTIVES)} (pareto: tokens/s vs peak memory).")] = "tokens_per_s",
+    trials: Annotated[int, typer.Option(help="Trials per temperature (completed or pruned), calibration included.")] = 20,
+    max_peak_memory_mb: Annotated[Optional[float], typer.Option(help="Constraint: peak memory at most this.")] = None,
+    min_acceptance_rate: Annotated[Optional[float], typer.Option(help="Constraint: acceptance rate at least this.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the TPE sampler.")] = 0,
+    warm_start: Annotated[int, typer.Option(help="Predicted-best configurations tried after the calibration trials.")] = 3,
+    tolerance: Annotated[float, typer.Option(help="Near-ties: within max(noise, TOLERANCE x best) prefer the smaller gamma.")] = 0.01,
+    prune: Annotated[bool, typer.Option("--prune/--no-prune", help="Stop clearly worse trials after each prompt.")] = True,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (postgresql://, mysql://, sqlite:///) or a journal file (default: study.db in the output folder).")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name (default: <profile name>-<objective>); -t<T>-p<P> is appended per temperature.")] = None,
+    workers: Annotated[int, typer.Option(help="Local worker processes (one per visible GPU where there are GPUs).")] = 1,
+    replay: Annotated[Optional[Path], typer.Option(help="Answer points from this recorded run folder instead of running them.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Output folder (default: results/<profile name>-tune).")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Start over: drop the studies and files of an earlier tune.")] = False,
+    device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
+    max_prompts: Annotated[Optional[int], typer.Option(help="Use only the first N prompts of the workload.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print recommendation.json on stdout.")] = False,
+) -> None:
+    """Find the configuration to deploy with Optuna: warm start, TPE, pruning; resumable and distributed."""
+    try:
+        settings = TuneSettings(
+            objective=parse_objective(objective), trials=trials, seed=seed, warm_start=warm_start, tolerance=tolerance,
+            prune=prune, storage=storage, study=study, workers=workers, fresh=fresh,
+            constraints=Constraints(max_peak_memory_mb=max_peak_memory_mb, min_acceptance_rate=min_acceptance_rate),
+        )
+        loaded = None
+        if replay is None:
+            path = profile or Path(DEFAULT_PROFILE)
+            if profile is None and not path.exists():
+                _fail(f"no profile given and {DEFAULT_PROFILE} is not in the current folder; pass a profile path")
+            loaded = with_overrides(load_profile(path), device=device, max_prompts=max_prompts)
+        elif profile is not None:
+            _fail("--replay uses the profile recorded in the run folder; give no PROFILE with it")
+        name = loaded.name if loaded is not None else replay.name
+        out_dir = out or Path("results") / f"{name}-tune"
+        console = _console(stderr=json_output)
+        result = run_tune(loaded, out_dir=out_dir, settings=settings, replay=replay, observer=TuneProgress(console))
+    except BAD_INPUT as error:
+        _fail(str(error))
+    print_tune_summary(console, result.trials, result.recommendation, str(out_dir))
+    if json_output:
+        sys.stdout.write(json.dumps(result.recommendation, indent=2, default=str) + "\n")
 
 
 @app.command()

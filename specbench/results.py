@@ -231,3 +231,4 @@ def write_json_atomic(data: dict[str, Any], path: Path) -> None:
 
 def read_parquet(path: Path) -> pd.DataFrame | None:
     return pd.read_parquet(path) if path.exists() else None
+POINT_DTYPES = dict(_POINT_DTYPES)  # the dtypes of points.parquet's columns, for tables that reuse them

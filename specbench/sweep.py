@@ -6,12 +6,14 @@ point exactly once; a point that raises is recorded as failed and the sweep goes
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import platform
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -103,6 +105,31 @@ class _Context:
 def run_sweep(profile: Profile, *, out_dir: Path, fresh: bool = False, observer: SweepObserver | None = None) -> RunResult:
     """Run (or resume) every point of `profile` into `out_dir`."""
     observer = observer or _Silent()
+    ctx = prepare(profile, observer=observer)
+    planned = plan_points(profile)
+    files = RunFiles(out_dir)
+    earlier = files.open(ctx, planned, fresh=fresh)
+    specs = planned + earlier  # points of an earlier, wider sweep of the same run stay in the files
+    to_run = [spec for spec in planned if files.recorded(spec, ctx) is None]
+    observer.sweep_started(specs, to_run)
+
+    ran: list[str] = []
+    for spec in to_run:
+        observer.point_started(spec, len(ctx.prompts) * profile.run.repeats)
+        rows, error = evaluate_point(spec, ctx, observer=observer)
+        points = files.record(spec, ctx, rows, error=error, order=planned)
+        ran.append(spec.point_id)
+        observer.point_finished(spec, points[points["point_id"] == spec.point_id].iloc[0].to_dict())
+
+    points = files.record(None, ctx, [], order=planned)
+    manifest = files.finish(points)
+    requests = results.read_parquet(out_dir / results.REQUESTS_FILE)
+    return RunResult(out_dir, points, requests if requests is not None else pd.DataFrame(), manifest, ran)
+
+
+def prepare(profile: Profile, *, observer: SweepObserver | None = None) -> _Context:
+    """Load the workload and every model once: the context any number of points are run with."""
+    observer = observer or _Silent()
     device = devices.resolve_device(profile.device)
     dtype = devices.resolve_dtype(profile.dtype, device)
     prompts = load_prompts(profile.workload.prompts, max_prompts=profile.workload.max_prompts,
@@ -116,44 +143,109 @@ def run_sweep(profile: Profile, *, out_dir: Path, fresh: bool = False, observer:
         "max_new_tokens": profile.workload.max_new_tokens, "run": profile.run.model_dump(),
         "backend": profile.backend, "device": device.type, "dtype": str(dtype),
     })
-    ctx = _Context(profile, device, dtype, target, drafts, prompts, prompt_ids, _eos_ids(target), run_key)
+    return _Context(profile, device, dtype, target, drafts, prompts, prompt_ids, _eos_ids(target), run_key)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    manifest_path = out_dir / results.MANIFEST_FILE
-    planned = plan_points(profile)
-    keys = {spec.point_id: _point_key(spec, ctx) for spec in planned}
-    requests, context, earlier = _resume(out_dir, run_key, keys, fresh=fresh)
-    specs = planned + earlier  # points of an earlier, wider sweep of the same run stay in the files
-    failures: dict[str, str] = {}
-    done = set(requests["point_id"]) if len(requests) else set()
-    to_run = [spec for spec in planned if spec.point_id not in done]
-    manifest = _manifest(ctx, out_dir, started=_previous_start(manifest_path, fresh))
-    results.write_json_atomic(manifest, manifest_path)
-    observer.sweep_started(specs, to_run)
 
-    ran: list[str] = []
-    for spec in to_run:
-        context[spec.point_id] = _point_context(spec, ctx, keys[spec.point_id])
-        observer.point_started(spec, len(prompts) * profile.run.repeats)
-        try:
-            rows = _run_point(spec, ctx, observer=observer)
-        except Exception as error:  # noqa: BLE001 - a failed point is data, not a crash
-            failures[spec.point_id] = _one_line(error)
-            rows = []
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        if rows:
-            requests = pd.concat([requests, pd.DataFrame(rows)], ignore_index=True) if len(requests) else pd.DataFrame(rows)
-        points = _write(out_dir, specs, requests, failures, context)
-        ran.append(spec.point_id)
-        row = points[points["point_id"] == spec.point_id].iloc[0].to_dict()
-        observer.point_finished(spec, row)
+def evaluate_point(spec: PointSpec, ctx: _Context, *, observer: SweepObserver | None = None,
+                   after_prompt: Callable[[list[dict[str, Any]]], None] | None = None,
+                   ) -> tuple[list[dict[str, Any]], str | None]:
+    """Run one point: its request rows, or no rows and the one-line reason it failed. `after_prompt`
+    sees the rows so far after each prompt's repeats; an exception it raises that is not an
+    `Exception` (a pruned trial, an interrupt) stops the point and propagates."""
+    hook = {"after_prompt": after_prompt} if after_prompt is not None else {}
+    try:
+        return _run_point(spec, ctx, observer=observer or _Silent(), **hook), None
+    except Exception as error:  # noqa: BLE001 - a failed point is data, not a crash
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return [], _one_line(error)
 
-    points = _write(out_dir, specs, requests, failures, context)
-    manifest["finished_at"] = _now()
-    manifest["status"] = "failed points" if (points["status"] == "failed").any() else "complete"
-    results.write_json_atomic(manifest, manifest_path)
-    return RunResult(out_dir, points, requests, manifest, ran)
+
+class RunFiles:
+    """The run's files in `out_dir`, shared by every process that writes to the folder: each change
+    re-reads requests.parquet and points.parquet under a file lock and rewrites them atomically, so
+    concurrent workers keep each other's points and every point is written once."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+        self.manifest_path = out_dir / results.MANIFEST_FILE
+
+    @contextmanager
+    def lock(self, name: str = "files") -> Iterator[None]:
+        """An exclusive lock between the processes of this machine that share the folder."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.out_dir / f".{name}.lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def open(self, ctx: _Context, planned: list[PointSpec], *, fresh: bool) -> list[PointSpec]:
+        """Check the folder holds this run (or nothing), drop what cannot be resumed, write the
+        manifest; returns the specs of done points that `planned` no longer holds."""
+        with self.lock():
+            keys = {spec.point_id: point_key(spec, ctx) for spec in planned}
+            requests, context, earlier = _resume(self.out_dir, ctx.run_key, keys, fresh=fresh)
+            if not len(requests):
+                (self.out_dir / results.REQUESTS_FILE).unlink(missing_ok=True)
+            _write(self.out_dir, planned + earlier, requests, {}, context)
+            started = _previous_start(self.manifest_path, fresh)
+            results.write_json_atomic(_manifest(ctx, self.out_dir, started=started), self.manifest_path)
+        return earlier
+
+    def recorded(self, spec: PointSpec, ctx: _Context) -> pd.DataFrame | None:
+        """The request rows of `spec` if the folder holds it done with the same configuration."""
+        points = results.read_parquet(self.out_dir / results.POINTS_FILE)
+        requests = results.read_parquet(self.out_dir / results.REQUESTS_FILE)
+        if points is None or requests is None or not len(points):
+            return None
+        key = point_key(spec, ctx)
+        done = points[(points["point_id"] == spec.point_id) & (points["status"] == "ok") & (points["point_key"] == key)]
+        return requests[requests["point_key"] == key].reset_index(drop=True) if len(done) else None
+
+    def record(self, spec: PointSpec | None, ctx: _Context, rows: list[dict[str, Any]], *, error: str | None = None,
+               order: list[PointSpec] = ()) -> pd.DataFrame:
+        """Add one point (its rows, or its failure) to the files, replacing an earlier record of it;
+        points are listed in `order` first. Returns the points table as written."""
+        with self.lock():
+            specs, requests, failures, context = self._load()
+            if spec is not None:
+                if len(requests):
+                    requests = requests[requests["point_id"] != spec.point_id]
+                failures.pop(spec.point_id, None)
+                if error is not None:
+                    failures[spec.point_id] = error
+                if rows:
+                    requests = pd.concat([requests, pd.DataFrame(rows)], ignore_index=True) if len(requests) else pd.DataFrame(rows)
+                context[spec.point_id] = _point_context(spec, ctx, point_key(spec, ctx))
+                specs = [s for s in specs if s.point_id != spec.point_id] + [spec]
+            ordered = [s for s in order if s.point_id in {x.point_id for x in specs}]
+            specs = ordered + [s for s in specs if s.point_id not in {x.point_id for x in ordered}]
+            return _write(self.out_dir, specs, requests.reset_index(drop=True), failures, context)
+
+    def finish(self, points: pd.DataFrame) -> dict[str, Any]:
+        """Mark the manifest finished; returns it."""
+        with self.lock():
+            manifest = json.loads(self.manifest_path.read_text())
+            manifest["finished_at"] = _now()
+            manifest["status"] = "failed points" if (points["status"] == "failed").any() else "complete"
+            results.write_json_atomic(manifest, self.manifest_path)
+        return manifest
+
+    def _load(self):
+        """specs, requests, failures and per-point context as the files hold them."""
+        points = results.read_parquet(self.out_dir / results.POINTS_FILE)
+        requests = results.read_parquet(self.out_dir / results.REQUESTS_FILE)
+        if points is None or not len(points):
+            return [], pd.DataFrame(), {}, {}
+        spec_fields = list(PointSpec.__dataclass_fields__)
+        specs = [PointSpec(**{k: _plain(v) for k, v in row.items()}) for row in points[spec_fields].to_dict("records")]
+        failures = {row["point_id"]: row["error"] for row in points[points["status"] == "failed"].to_dict("records")}
+        context = {row["point_id"]: {"backend": row["backend"], "target_model": row["target_model"],
+                                     "weight_mb": _plain(row["weight_mb"]), "point_key": row["point_key"]}
+                   for row in points.to_dict("records")}
+        return specs, requests if requests is not None else pd.DataFrame(), failures, context
 
 
 def _load_drafts(profile: Profile, target: LoadedModel, *, device, dtype, observer) -> dict[str, LoadedModel | str]:
@@ -184,7 +276,8 @@ def _eos_ids(target: LoadedModel) -> tuple[int, ...]:
     return tuple(sorted(i for i in ids if i is not None))
 
 
-def _point_key(spec: PointSpec, ctx: _Context) -> str:
+def point_key(spec: PointSpec, ctx: _Context) -> str:
+    """What makes a point's measurements reusable: the run's configuration, the point, its draft's identity."""
     draft = ctx.drafts.get(spec.draft)
     identity = draft.identity if isinstance(draft, LoadedModel) else None
     return _hash({"run": ctx.run_key, "point": asdict(spec), "draft_identity": identity})
@@ -197,13 +290,14 @@ def _point_context(spec: PointSpec, ctx: _Context, key: str) -> dict[str, Any]:
             "weight_mb": weight / 2**20, "point_key": key}
 
 
-def _run_point(spec: PointSpec, ctx: _Context, *, observer: SweepObserver) -> list[dict[str, Any]]:
+def _run_point(spec: PointSpec, ctx: _Context, *, observer: SweepObserver,
+               after_prompt: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """Warm-up requests (not recorded), then every prompt x repeat."""
     generate_one = _request_function(spec, ctx)
     for i in range(ctx.profile.run.warmup):
         generate_one(ctx.prompt_ids[i % len(ctx.prompt_ids)], ctx.profile.run.seed)
     rows = []
-    key = _point_key(spec, ctx)
+    key = point_key(spec, ctx)
     for index, (prompt, ids) in enumerate(zip(ctx.prompts, ctx.prompt_ids)):
         for repeat in range(ctx.profile.run.repeats):
             seed = ctx.profile.run.seed + 1000 * index + repeat  # the same seeds at every point
@@ -211,6 +305,8 @@ def _run_point(spec: PointSpec, ctx: _Context, *, observer: SweepObserver) -> li
             rows.append(results.request_row(spec, point_key=key, prompt_id=prompt.prompt_id, category=prompt.category,
                                             repeat=repeat, seed=seed, trace=trace))
             observer.request_done(spec)
+        if after_prompt is not None:
+            after_prompt(rows)
     return rows
 
 

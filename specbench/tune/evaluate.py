@@ -1,0 +1,143 @@
+"""Where a trial's measurements come from. `Live` runs the point with the sweep runner (models loaded
+once per process) and records it in the run's parquet files exactly as `specbench run` does; a point
+the files already hold with the same configuration is reused, not rerun. `Replay` answers points from
+a recorded run folder (points.parquet + requests.parquet): re-tune offline with a new objective or
+constraint, and the deterministic test bed for the search itself.
+
+Both hand the rows to `after_batch` after each prompt (all its repeats), so a trial can be pruned; a
+prune raises `Pruned`, which passes through the runner's failure handling (it is not an Exception).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pandas as pd
+
+from specbench import results
+from specbench.profile import Profile, ProfileError, profile_from_dict
+from specbench.results import PointSpec, baseline_point_id
+from specbench.sweep import RunFiles, _Context, _point_context, evaluate_point, point_key
+from specbench.tune.space import TuneError
+
+AfterBatch = Callable[[pd.DataFrame], None]
+
+
+class Pruned(BaseException):
+    """Raised by `after_batch` to stop a trial the pruner judged clearly worse."""
+
+    def __init__(self, rows: pd.DataFrame):
+        super().__init__("pruned")
+        self.rows = rows
+
+
+@dataclass(frozen=True)
+class Outcome:
+    rows: pd.DataFrame
+    error: str | None
+    evaluated: bool  # False: reused from a point already recorded in the run's files
+
+
+class Evaluator(Protocol):
+    def baseline(self, temperature: float, top_p: float) -> tuple[PointSpec, pd.DataFrame]: ...
+    def run(self, spec: PointSpec, after_batch: AfterBatch) -> Outcome: ...
+    def context(self, spec: PointSpec) -> dict[str, Any]: ...
+
+
+def baseline_spec(temperature: float, top_p: float) -> PointSpec:
+    return PointSpec(baseline_point_id(temperature, top_p), "baseline", "baseline", None, temperature, top_p)
+
+
+class Live:
+    def __init__(self, ctx: _Context, files: RunFiles):
+        self.ctx = ctx
+        self.files = files
+
+    def baseline(self, temperature: float, top_p: float) -> tuple[PointSpec, pd.DataFrame]:
+        """Measured once per output folder: local workers wait for the one that runs it."""
+        spec = baseline_spec(temperature, top_p)
+        with self.files.lock("baseline"):
+            rows = self.files.recorded(spec, self.ctx)
+            if rows is None:
+                new_rows, error = evaluate_point(spec, self.ctx)
+                self.files.record(spec, self.ctx, new_rows, error=error)
+                if error is not None:
+                    raise RuntimeError(f"the baseline {spec.point_id} failed: {error}")
+                rows = pd.DataFrame(new_rows)
+        return spec, rows
+
+    def run(self, spec: PointSpec, after_batch: AfterBatch) -> Outcome:
+        recorded = self.files.recorded(spec, self.ctx)
+        if recorded is not None:
+            return Outcome(recorded, None, evaluated=False)
+        rows, error = evaluate_point(spec, self.ctx, after_prompt=lambda so_far: after_batch(pd.DataFrame(so_far)))
+        self.files.record(spec, self.ctx, rows, error=error)
+        return Outcome(pd.DataFrame(rows), error, evaluated=True)
+
+    def context(self, spec: PointSpec) -> dict[str, Any]:
+        return _point_context(spec, self.ctx, point_key(spec, self.ctx))
+
+
+class Replay:
+    def __init__(self, folder: Path):
+        manifest_path = folder / results.MANIFEST_FILE
+        points = results.read_parquet(folder / results.POINTS_FILE)
+        requests = results.read_parquet(folder / results.REQUESTS_FILE)
+        if not manifest_path.is_file() or points is None or requests is None:
+            raise TuneError(f"--replay {folder}: not a run folder (needs manifest.json, points.parquet and "
+                            "requests.parquet written by specbench run)")
+        manifest = json.loads(manifest_path.read_text())
+        try:
+            self.profile: Profile = profile_from_dict(tomllib.loads(manifest["profile_toml"]))
+        except (KeyError, tomllib.TOMLDecodeError, ProfileError) as error:
+            raise TuneError(f"--replay {folder}: manifest.json: its profile cannot be used: {error}") from None
+        self.folder = folder
+        self.points = points[points["status"] == "ok"]
+        self.requests = requests
+        self.prompt_order = list(manifest.get("workload", {}).get("prompt_ids") or dict.fromkeys(requests["prompt_id"]))
+
+    def baseline(self, temperature: float, top_p: float) -> tuple[PointSpec, pd.DataFrame]:
+        spec = baseline_spec(temperature, top_p)
+        rows = self._rows(spec)
+        if rows is None:
+            raise TuneError(f"--replay {self.folder}: the recording has no baseline at temperature {temperature:g}, "
+                            f"top_p {top_p:g}")
+        return spec, rows
+
+    def run(self, spec: PointSpec, after_batch: AfterBatch) -> Outcome:
+        rows = self._rows(spec)
+        if rows is None:
+            return Outcome(pd.DataFrame(), f"{spec.point_id} is not in the recording {self.folder}", evaluated=False)
+        for count in range(1, len(self.prompt_order) + 1):
+            after_batch(rows[rows["prompt_id"].isin(self.prompt_order[:count])])
+        return Outcome(rows, None, evaluated=True)
+
+    def context(self, spec: PointSpec) -> dict[str, Any]:
+        row = self._point(spec)
+        return {"backend": row["backend"], "target_model": row["target_model"], "weight_mb": row["weight_mb"],
+                "point_key": row["point_key"]} if row is not None else {}
+
+    def _point(self, spec: PointSpec) -> dict[str, Any] | None:
+        match = self.points[
+            (self.points["method"] == spec.method) & (self.points["draft"] == spec.draft)
+            & (self.points["temperature"] == spec.temperature) & (self.points["top_p"] == spec.top_p)
+            & (self.points["gamma"].isna() if spec.gamma is None else self.points["gamma"] == spec.gamma)
+            & (self.points["ngram_max"].isna() if spec.ngram_max is None else self.points["ngram_max"] == spec.ngram_max)
+        ]
+        return match.iloc[0].to_dict() if len(match) else None
+
+    def _rows(self, spec: PointSpec) -> pd.DataFrame | None:
+        """The recorded requests of the point, relabelled with `spec`'s point id, in prompt order."""
+        row = self._point(spec)
+        if row is None:
+            return None
+        rows = self.requests[self.requests["point_key"] == row["point_key"]].copy()
+        rows["point_id"] = spec.point_id
+        order = {prompt: index for index, prompt in enumerate(self.prompt_order)}
+        return rows.sort_values(["prompt_id", "repeat"], key=lambda c: c.map(order) if c.name == "prompt_id" else c,
+                                kind="stable").reset_index(drop=True)

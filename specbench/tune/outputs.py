@@ -1,0 +1,171 @@
+"""What `specbench tune` leaves in the output folder: trials.parquet (one row per trial of every
+study), recommendation.json (the choice per temperature and how to deploy it) and recommendation.toml
+(a profile that `specbench run` reproduces the recommended points with, against their baselines)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import optuna
+import pandas as pd
+
+from specbench import results
+from specbench.profile import dump_profile, profile_from_dict
+from specbench.tune.recommend import choose, engine_settings
+
+if TYPE_CHECKING:
+    from specbench.tune.runner import Plan, TuneResult
+
+TRIALS_FILE = "trials.parquet"
+RECOMMENDATION_JSON = "recommendation.json"
+RECOMMENDATION_TOML = "recommendation.toml"
+
+_TRIAL_COLUMNS = [
+    "study", "number", "state", "role", "point_id", "draft", "gamma", "ngram_max", "temperature", "top_p",
+    "value", "values", "noise", "repeat_values", "feasible", "constraint_values", "evaluated", "predicted_speedup",
+    "prompts_measured", "duplicate_of", "trial_error", "worker", "datetime_start", "datetime_complete",
+]
+
+
+def trial_rows(study: optuna.Study, *, temperature: float, top_p: float) -> list[dict[str, Any]]:
+    predictions = {tuple(sorted(p.items())): v for p, v in study.user_attrs.get("warm_start", {}).get("predictions", [])}
+    rows = []
+    for trial in study.get_trials(deepcopy=False):
+        attrs, metrics = trial.user_attrs, trial.user_attrs.get("metrics") or {}
+        values = list(trial.values) if trial.values is not None else None
+        intermediate = trial.intermediate_values
+        row = {
+            "study": study.study_name, "number": trial.number, "state": trial.state.name,
+            "role": attrs.get("role"), "point_id": attrs.get("point_id"),
+            "draft": trial.params.get("draft"), "gamma": trial.params.get("gamma"),
+            "ngram_max": trial.params.get("ngram_max", metrics.get("ngram_max")),
+            "temperature": temperature, "top_p": top_p,
+            "value": values[0] if values else (intermediate[max(intermediate)] if intermediate else None),
+            "values": values, "noise": attrs.get("noise"), "repeat_values": attrs.get("repeat_values"),
+            "feasible": all(v <= 0 for v in attrs.get("constraints", [])) if "metrics" in attrs else None,
+            "constraint_values": attrs.get("constraints"), "evaluated": attrs.get("evaluated"),
+            "predicted_speedup": predictions.get(tuple(sorted(trial.params.items())), metrics.get("predicted_speedup")),
+            "prompts_measured": max(intermediate) if intermediate else None,
+            "duplicate_of": attrs.get("duplicate_of"), "trial_error": attrs.get("error"), "worker": attrs.get("worker"),
+            "datetime_start": trial.datetime_start, "datetime_complete": trial.datetime_complete,
+        }
+        for column in results.POINT_COLUMNS:
+            row.setdefault(column, metrics.get(column))
+        rows.append(row)
+    return rows
+
+
+def trials_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    columns = _TRIAL_COLUMNS + [c for c in results.POINT_COLUMNS if c not in _TRIAL_COLUMNS]
+    frame = pd.DataFrame(rows, columns=columns)
+    dtypes = {k: v for k, v in results.POINT_DTYPES.items() if k in frame.columns}
+    dtypes.update({"number": "Int64", "gamma": "Int64", "ngram_max": "Int64", "value": "float64", "noise": "float64",
+                   "prompts_measured": "Int64", "duplicate_of": "Int64", "feasible": "boolean", "evaluated": "boolean",
+                   "predicted_speedup": "float64", "study": "string", "state": "string", "role": "string",
+                   "trial_error": "string", "worker": "string"})
+    return frame.astype(dtypes)
+
+
+def write(plan: "Plan", studies: dict[str, optuna.Study]) -> "TuneResult":
+    from specbench.tune.runner import TuneResult
+
+    all_rows, choices = [], []
+    for group in plan.groups:
+        rows = trial_rows(studies[group.study], temperature=group.temperature, top_p=group.top_p)
+        all_rows += rows
+        choices.append(_recommendation(plan, group, rows))
+    recommendation = {
+        "objective": {"name": plan.settings.objective.name, "columns": list(plan.settings.objective.columns),
+                      "directions": list(plan.settings.objective.directions)},
+        "constraints": {"max_peak_memory_mb": plan.settings.constraints.max_peak_memory_mb,
+                        "min_acceptance_rate": plan.settings.constraints.min_acceptance_rate},
+        "tolerance": plan.settings.tolerance, "seed": plan.settings.seed, "storage": _masked(plan.storage_url),
+        "replay": str(plan.replay) if plan.replay else None, "profile": plan.profile.name,
+        "target": plan.profile.target.model, "search_space": plan.space.describe(),
+        "space_size": len(plan.space.configs()), "temperatures": choices,
+    }
+    profile_toml = recommendation_profile(plan, choices)
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    frame = trials_frame(all_rows)
+    results.write_parquet_atomic(frame, plan.out_dir / TRIALS_FILE)
+    results.write_json_atomic(recommendation, plan.out_dir / RECOMMENDATION_JSON)
+    (plan.out_dir / RECOMMENDATION_TOML).write_text(profile_toml)
+    return TuneResult(plan.out_dir, frame, recommendation, profile_toml)
+
+
+def _recommendation(plan: "Plan", group, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    objective = plan.settings.objective
+    finished = [r for r in rows if r["state"] in ("COMPLETE", "PRUNED")]
+    evaluated = {r["point_id"] for r in rows if r["evaluated"]}
+    chosen, front = choose(rows, objective=objective, tolerance=plan.settings.tolerance)
+    speculate = chosen is not None and (chosen["speedup"] is None or chosen["speedup"] > 1.0)
+    entry: dict[str, Any] = {
+        "temperature": group.temperature, "top_p": group.top_p, "study": group.study,
+        "trials": len(finished), "evaluations": len(evaluated),
+        "speculate": speculate,
+    }
+    if chosen is None:
+        entry["reason"] = "no completed trial satisfies the constraints"
+        entry["engine_settings"] = engine_settings(None, target=plan.profile.target.model,
+                                                   temperature=group.temperature, top_p=group.top_p)
+        return entry
+    entry.update({
+        "trial": chosen["number"], "point_id": chosen["point_id"], "method": chosen["method"], "draft": chosen["draft"],
+        "draft_model": chosen["draft_model"], "draft_quantize": chosen["draft_quantize"], "gamma": chosen["gamma"],
+        "ngram_min": chosen["ngram_min"], "ngram_max": chosen["ngram_max"],
+        "objective_value": chosen["value"], "objective_values": chosen["values"], "noise": chosen["noise"],
+        "speedup": chosen["speedup"], "speedup_ci": [chosen["speedup_ci_low"], chosen["speedup_ci_high"]],
+        "predicted_speedup": chosen["predicted_speedup"], "tokens_per_s": chosen["tokens_per_s"],
+        "acceptance_rate": chosen["acceptance_rate"], "mean_accepted_length": chosen["mean_accepted_length"],
+        "peak_memory_mb": chosen["peak_memory_mb"], "tpot_ms_p50": chosen["tpot_ms_p50"],
+        "reason": ("the best objective, or the smallest gamma within the noise of the best" if speculate else
+                   f"the best configuration ({chosen['point_id']}) is not faster than the baseline"),
+    })
+    if front:
+        entry["pareto_front"] = [{k: r[k] for k in ("number", "point_id", "gamma", "tokens_per_s", "peak_memory_mb",
+                                                    "speedup")} for r in front]
+    entry["engine_settings"] = engine_settings(chosen if speculate else None, target=plan.profile.target.model,
+                                               temperature=group.temperature, top_p=group.top_p)
+    return entry
+
+
+def recommendation_profile(plan: "Plan", choices: list[dict[str, Any]]) -> str:
+    """The tuned profile narrowed to the recommended drafts, gammas and temperatures. When temperatures
+    recommend different points, `specbench run` runs their combinations too (a profile is a grid)."""
+    data = profile_from_dict_data(plan)
+    drafts, gammas = {}, []
+    for choice in choices:
+        if not choice.get("speculate"):
+            continue
+        original = next(d for d in data["drafts"] if d["name"] == choice["draft"])
+        draft = dict(original)
+        if draft["method"] == "ngram":
+            draft["ngram_max"] = int(choice["ngram_max"])
+            if draft["ngram_max"] != original.get("ngram_max", 3):
+                draft["name"] = f"{original['name']}-n{draft['ngram_max']}"
+        drafts[draft["name"]] = draft
+        gammas.append(int(choice["gamma"]))
+    data["name"] = f"{plan.profile.name}-recommended"
+    data["drafts"] = list(drafts.values())
+    data["sweep"] = {"gamma": sorted(set(gammas)) or [1],
+                     "temperature": list(dict.fromkeys(c["temperature"] for c in choices)),
+                     "top_p": list(dict.fromkeys(c["top_p"] for c in choices))}
+    profile = profile_from_dict(data)
+    header = [f"# specbench tune: objective {plan.settings.objective.name}; recommended per temperature:"]
+    for choice in choices:
+        what = choice.get("point_id") if choice.get("speculate") else "no speculation (the baseline)"
+        header.append(f"#   temperature {choice['temperature']:g}, top_p {choice['top_p']:g}: {what}")
+    return "\n".join(header) + "\n" + dump_profile(profile)
+
+
+def profile_from_dict_data(plan: "Plan") -> dict[str, Any]:
+    """The tuned profile as TOML-shaped data (no None values, no keys a draft's method ignores)."""
+    import tomllib
+
+    return tomllib.loads(dump_profile(plan.profile))
+
+
+def _masked(url: str) -> str:
+    from specbench.tune.study import _masked as masked
+
+    return masked(url)

@@ -1,0 +1,83 @@
+"""The decision: per temperature, the configuration to deploy, and how to deploy it.
+
+Among completed, feasible trials (the Pareto front in the throughput-vs-memory mode), those within
+the noise of the best (max of the best trial's spread over repeats and `tolerance` x its value) are
+near-ties; of these the smallest gamma wins (less memory, less wasted drafting), then the better value.
+Speculation is recommended only when the chosen point is measurably faster than the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from specbench.models import builtin_gguf_path
+from specbench.tune.space import Objective
+
+
+def choose(rows: list[dict[str, Any]], *, objective: Objective, tolerance: float) -> tuple[dict | None, list[dict]]:
+    """(the chosen trial row or None, the Pareto front — empty for a single objective)."""
+    done = [r for r in rows if r["state"] == "COMPLETE" and r["feasible"]]
+    if not done:
+        return None, []
+    front = pareto_front(done) if objective.is_pareto else []
+    pool = front or done
+    sign = 1 if objective.directions[0] == "maximize" else -1
+    best = max(pool, key=lambda r: sign * r["value"])
+    band = max(best["noise"] or 0.0, tolerance * abs(best["value"]))
+    near = [r for r in pool if sign * (r["value"] - best["value"]) >= -band]
+    chosen = min(near, key=lambda r: (r["gamma"], (r["peak_memory_mb"] or 0.0) if objective.is_pareto else 0.0,
+                                      -sign * r["value"]))
+    return chosen, front
+
+
+def pareto_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Trials no other trial beats on both throughput (higher) and peak memory (lower)."""
+    def dominates(a, b):
+        return (a["values"][0] >= b["values"][0] and a["values"][1] <= b["values"][1]
+                and (a["values"][0] > b["values"][0] or a["values"][1] < b["values"][1]))
+    front = [r for r in rows if not any(dominates(o, r) for o in rows)]
+    return sorted(front, key=lambda r: -r["values"][0])
+
+
+def engine_settings(row: dict[str, Any] | None, *, target: str, temperature: float, top_p: float) -> dict[str, Any]:
+    """Ready-to-use settings for vLLM, transformers `generate()` and the llama.cpp server. Model paths
+    are the profile's references (a builtin model becomes its local GGUF file where available)."""
+    sampling = {"do_sample": temperature > 0, **({"temperature": temperature, "top_p": top_p} if temperature > 0 else {})}
+    llama_sampling = ["--temp", f"{temperature:g}", "--top-p", f"{top_p:g}"]
+    if row is None:
+        return {"vllm": {"speculative_config": None, "args": []},
+                "transformers": {"generate_kwargs": sampling},
+                "llama_cpp": {"server_args": ["-m", _path(target), *llama_sampling]},
+                "notes": ["no speculation: serve the target alone"]}
+    gamma, notes = int(row["gamma"]), []
+    if row["method"] == "ngram":
+        speculative = {"method": "ngram", "num_speculative_tokens": gamma,
+                       "prompt_lookup_min": int(row["ngram_min"]), "prompt_lookup_max": int(row["ngram_max"])}
+        generate = {**sampling, "prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": int(row["ngram_max"])}
+        llama = ["-m", _path(target), "--draft", str(gamma), *llama_sampling]
+        notes.append("llama.cpp: the server drafts only with a draft model; prompt lookup is its "
+                     "llama-lookup example, run with these arguments")
+    else:
+        draft = _path(row["draft_model"])
+        speculative = {"model": draft, "num_speculative_tokens": gamma}
+        generate = {**sampling, "assistant_model": draft, "num_assistant_tokens": gamma,
+                    "num_assistant_tokens_schedule": "constant"}
+        llama = ["-m", _path(target), "-md", draft, "--draft-max", str(gamma), "--draft-min", "0", *llama_sampling]
+        notes.append("transformers: load assistant_model with AutoModelForCausalLM.from_pretrained(path) and pass "
+                     "the model object")
+        if row.get("draft_quantize"):
+            notes.append(f"the draft was measured {row['draft_quantize']}-quantised by specbench (dynamic, CPU); "
+                         "engines load it as stored")
+    return {"vllm": {"speculative_config": speculative,
+                     "args": ["--speculative-config", json.dumps(speculative, separators=(",", ":"))]},
+            "transformers": {"generate_kwargs": generate},
+            "llama_cpp": {"server_args": llama},
+            "notes": notes}
+
+
+def _path(reference: str) -> str:
+    if reference.startswith("builtin:"):
+        path = builtin_gguf_path(reference.removeprefix("builtin:"))
+        return str(path) if path is not None else reference
+    return reference

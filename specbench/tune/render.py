@@ -1,0 +1,75 @@
+"""Terminal output of `specbench tune`: progress lines, the recommendation panel, the trials table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+from specbench.render import _fmt
+
+
+class TuneProgress:
+    """One line per finished trial (implements TuneObserver)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def message(self, text: str) -> None:
+        self.console.print(f"[dim]{text}[/dim]")
+
+    def trial_finished(self, study: str, row: dict[str, Any]) -> None:
+        state = {"COMPLETE": "[green]done[/green]", "PRUNED": "[yellow]pruned[/yellow]"}.get(row["state"], "[red]failed[/red]")
+        detail = row.get("error") or f"objective {_fmt(row.get('value'), '.4g')}"
+        reused = " (recorded)" if row.get("evaluated") is False else ""
+        self.console.print(f"{study} #{row['number']} {row['point_id']}: {state} {detail}{reused}", highlight=False)
+
+
+def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
+    lines = []
+    for choice in recommendation["temperatures"]:
+        head = f"[bold]temperature {choice['temperature']:g}, top_p {choice['top_p']:g}[/bold]: "
+        if not choice.get("speculate"):
+            lines.append(head + f"no speculation — {choice.get('reason', '')}")
+        else:
+            ci = choice["speedup_ci"]
+            lines.append(head + f"[bold green]{choice['point_id']}[/bold green]  speedup {_fmt(choice['speedup'])}x "
+                         f"(95% CI {_fmt(ci[0])}-{_fmt(ci[1])}, predicted {_fmt(choice['predicted_speedup'])}x), "
+                         f"{_fmt(choice['tokens_per_s'], '.1f')} tok/s, acceptance {_fmt(choice['acceptance_rate'], '.0%')}, "
+                         f"peak {_fmt(choice['peak_memory_mb'], '.0f')} MB")
+            vllm = choice["engine_settings"]["vllm"]["args"]
+            lines.append(f"  vLLM: {' '.join(vllm[:1] + [repr(a) for a in vllm[1:]])}")
+            for r in choice.get("pareto_front", []):
+                lines.append(f"  front: {r['point_id']}  {_fmt(r['tokens_per_s'], '.1f')} tok/s, "
+                             f"{_fmt(r['peak_memory_mb'], '.0f')} MB")
+        lines.append(f"  {choice['evaluations']} evaluations, {choice['trials']} trials of "
+                     f"{recommendation['space_size']} configurations")
+    title = f"recommendation ({recommendation['objective']['name']})"
+    return Panel(Group(*lines), title=title, title_align="left")
+
+
+def trials_table(trials: pd.DataFrame) -> Table:
+    table = Table(title="trials", title_justify="left")
+    for column in ("study", "#", "role", "point", "state", "objective", "speedup", "accept", "peak MB", "pred."):
+        table.add_column(column, justify="right" if column in ("#", "objective", "speedup", "accept", "peak MB", "pred.")
+                         else "left", no_wrap=column in ("point", "study"))
+    shown = trials[~trials["role"].isin(["duplicate", "surplus"])]
+    for row in shown.to_dict("records"):
+        table.add_row(_text(row["study"]), str(row["number"]), _text(row["role"]), _text(row["point_id"]),
+                      _text(row["state"]).lower(),
+                      _fmt(row["value"], ".4g"), _fmt(row["speedup"]), _fmt(row["acceptance_rate"], ".0%"),
+                      _fmt(row["peak_memory_mb"], ".0f"), _fmt(row["predicted_speedup"]))
+    return table
+
+
+def print_tune_summary(console: Console, trials: pd.DataFrame, recommendation: dict[str, Any], out_dir: str) -> None:
+    console.print(trials_table(trials))
+    console.print(recommendation_panel(recommendation))
+    console.print(f"results: {out_dir}  (trials.parquet, recommendation.json, recommendation.toml)")
+
+
+def _text(value: Any) -> str:
+    return "-" if value is None or value is pd.NA else str(value)

@@ -1,0 +1,381 @@
+"""`specbench tune`: plan the studies, run the search in one or more workers, write what it found.
+
+One study per temperature (and top_p). A worker measures the baseline, enqueues one calibration trial
+per draft at the largest gamma, then the configurations the analytic model predicts best, then lets
+the seeded TPE sampler propose the rest; every proposal goes through the claim rule of `study`, so
+workers in any number of processes and machines share a study with no point run twice.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+import pandas as pd
+from optuna.trial import TrialState
+
+from specbench import results
+from specbench.profile import Profile, with_overrides
+from specbench.sweep import RunFiles, prepare
+from specbench.tune import outputs
+from specbench.tune.evaluate import Evaluator, Live, Pruned, Replay
+from specbench.tune.measure import NotMeasured, measure
+from specbench.tune.space import Constraints, Objective, SearchSpace, TuneError, space_from_profile, temperature_groups
+from specbench.tune.study import (
+    DEFAULT_STORAGE_FILE, check_study, claims, fail_stale_trials, new_worker_id, open_storage, open_study,
+    storage_url, study_name, verdict,
+)
+from specbench.tune.warmstart import Calibration, calibrate, predicted_speedup
+
+_MAX_DUPLICATES_IN_A_ROW = 20  # then try an unclaimed point at random: the sampler has converged
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    objective: Objective
+    constraints: Constraints = field(default_factory=Constraints)
+    trials: int = 20
+    seed: int = 0
+    warm_start: int = 3  # predicted-best configurations tried right after the calibration trials
+    tolerance: float = 0.01  # near-ties: within max(noise, tolerance x best) of the best
+    prune: bool = True
+    storage: str | None = None
+    study: str | None = None
+    workers: int = 1
+    fresh: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("trials", "workers"):
+            if getattr(self, name) < 1:
+                raise TuneError(f"--{name}: must be an integer >= 1 (got {getattr(self, name)})")
+        if self.warm_start < 0:
+            raise TuneError(f"--warm-start: must be an integer >= 0 (got {self.warm_start})")
+        if self.tolerance < 0:
+            raise TuneError(f"--tolerance: must be >= 0 (got {self.tolerance:g})")
+
+
+class TuneObserver(Protocol):
+    def message(self, text: str) -> None: ...
+    def trial_finished(self, study: str, row: dict[str, Any]) -> None: ...
+
+
+class _Silent:
+    def message(self, text): pass
+    def trial_finished(self, study, row): pass
+
+
+@dataclass(frozen=True)
+class Group:
+    temperature: float
+    top_p: float
+    study: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a worker needs; picklable, so local worker processes receive it."""
+
+    profile: Profile
+    space: SearchSpace
+    settings: TuneSettings
+    out_dir: Path
+    storage_url: str
+    groups: tuple[Group, ...]
+    replay: Path | None
+
+    def attrs(self, group: Group) -> dict[str, Any]:
+        """Stored with each study; a study is resumed only with the same ones."""
+        return {"search_space": self.space.describe(), "objective": self.settings.objective.name,
+                "constraints": [self.settings.constraints.max_peak_memory_mb,
+                                self.settings.constraints.min_acceptance_rate],
+                "temperature": group.temperature, "top_p": group.top_p}
+
+
+@dataclass
+class TuneResult:
+    out_dir: Path
+    trials: pd.DataFrame
+    recommendation: dict[str, Any]
+    profile_toml: str
+
+
+def tune(profile: Profile | None, *, out_dir: Path, settings: TuneSettings, replay: Path | None = None,
+         observer: TuneObserver | None = None) -> TuneResult:
+    """Tune `profile` (or the profile of the recording `replay`) into `out_dir`; resumes the studies
+    found in the storage. Bad input raises TuneError before anything is written."""
+    observer = observer or _Silent()
+    plan = make_plan(profile, out_dir=out_dir, settings=settings, replay=replay)
+    if settings.fresh:
+        _clear(plan)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if settings.workers == 1:
+        work(plan, worker_index=0, observer=observer)
+    else:
+        _run_workers(plan, observer)
+    return finish(plan)
+
+
+def make_plan(profile: Profile | None, *, out_dir: Path, settings: TuneSettings, replay: Path | None) -> Plan:
+    if replay is not None:
+        if profile is not None:
+            raise TuneError("--replay uses the profile recorded in the run folder; give no PROFILE with it")
+        profile = Replay(replay).profile
+    assert profile is not None
+    space = space_from_profile(profile, tune_ngram=replay is None)
+    base = settings.study or f"{profile.name}-{settings.objective.name}"
+    groups = tuple(Group(t, p, study_name(base, t, p)) for t, p in temperature_groups(profile))
+    plan = Plan(profile, space, settings, out_dir, storage_url(settings.storage, out_dir), groups, replay)
+    if settings.storage is not None or (out_dir / DEFAULT_STORAGE_FILE).exists():
+        storage = open_storage(plan.storage_url)
+        if not settings.fresh:
+            for group in groups:
+                check_study(storage, group.study, plan.attrs(group))
+    return plan
+
+
+def _clear(plan: Plan) -> None:
+    """--fresh: drop this tune's studies and files (the run's own files too, unless replaying)."""
+    if plan.settings.storage is None:
+        (plan.out_dir / DEFAULT_STORAGE_FILE).unlink(missing_ok=True)
+    else:
+        storage = open_storage(plan.storage_url)
+        for group in plan.groups:
+            try:
+                optuna.delete_study(study_name=group.study, storage=storage)
+            except KeyError:
+                pass  # not created yet
+    names = [outputs.TRIALS_FILE, outputs.RECOMMENDATION_JSON, outputs.RECOMMENDATION_TOML]
+    if plan.replay is None:
+        names += [results.REQUESTS_FILE, results.POINTS_FILE, results.MANIFEST_FILE]
+    for name in names:
+        (plan.out_dir / name).unlink(missing_ok=True)
+
+
+def _run_workers(plan: Plan, observer: TuneObserver) -> None:
+    """N local worker processes; with GPUs, one per visible GPU (round robin) via CUDA_VISIBLE_DEVICES."""
+    import torch
+
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(torch.cuda.device_count()))))
+    gpus = [g for g in gpus.split(",") if g.strip()] if plan.profile.device != "cpu" else []
+    context = multiprocessing.get_context("spawn")
+    processes = []
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        for index in range(plan.settings.workers):
+            worker_plan = plan
+            if gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+                worker_plan = replace(plan, profile=with_overrides(plan.profile, device="cuda"))
+            process = context.Process(target=_worker_main, args=(worker_plan, index), name=f"specbench-tune-{index}")
+            process.start()
+            processes.append(process)
+            observer.message(f"worker {index} started (pid {process.pid})"
+                             + (f" on GPU {os.environ['CUDA_VISIBLE_DEVICES']}" if gpus else ""))
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    for process in processes:
+        process.join()
+    failed = [p.name for p in processes if p.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"worker processes failed: {', '.join(failed)} (see their messages above)")
+
+
+def _worker_main(plan: Plan, index: int) -> None:
+    work(plan, worker_index=index, observer=_Silent())
+
+
+def work(plan: Plan, *, worker_index: int, observer: TuneObserver) -> None:
+    """One worker: every study of the plan, until each has its trials."""
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    worker = new_worker_id()
+    evaluator = _evaluator(plan, observer)
+    storage = open_storage(plan.storage_url)
+    for group in plan.groups:
+        study = open_study(storage, group.study, plan.attrs(group), directions=list(plan.settings.objective.directions),
+                           sampler=_sampler(plan, worker_index), pruner=_pruner(plan))
+        fail_stale_trials(study, worker=worker)
+        baseline, baseline_rows = evaluator.baseline(group.temperature, group.top_p)
+        for config in plan.space.calibration_configs():
+            study.enqueue_trial(plan.space.params(config), user_attrs={"role": "calibration"}, skip_if_exists=True)
+        _search(study, group, plan=plan, evaluator=evaluator, worker=worker, baseline=baseline,
+                baseline_rows=baseline_rows, observer=observer)
+
+
+def _evaluator(plan: Plan, observer: TuneObserver) -> Evaluator:
+    if plan.replay is not None:
+        return Replay(plan.replay)
+    ctx = prepare(plan.profile, observer=observer)
+    files = RunFiles(plan.out_dir)
+    files.open(ctx, [], fresh=False)
+    return Live(ctx, files)
+
+
+def _sampler(plan: Plan, worker_index: int) -> optuna.samplers.BaseSampler:
+    constraints = plan.settings.constraints
+    has_constraints = constraints.max_peak_memory_mb is not None or constraints.min_acceptance_rate is not None
+    return optuna.samplers.TPESampler(
+        seed=plan.settings.seed + 1000 * worker_index, n_startup_trials=len(plan.space.drafts), multivariate=True,
+        group=True, warn_independent_sampling=False,
+        constraints_func=_constraint_values if has_constraints else None,
+    )
+
+
+def _constraint_values(trial: optuna.trial.FrozenTrial) -> list[float]:
+    return trial.user_attrs.get("constraints", [])
+
+
+def _pruner(plan: Plan) -> optuna.pruners.BasePruner:
+    if not plan.settings.prune or plan.settings.objective.is_pareto:
+        return optuna.pruners.NopPruner()
+    # clearly worse: below the bottom quarter of the trials measured on the same prompts, from the second prompt
+    return optuna.pruners.PercentilePruner(75.0, n_startup_trials=4, n_warmup_steps=1)
+
+
+def _search(study: optuna.Study, group: Group, *, plan: Plan, evaluator: Evaluator, worker: str, baseline,
+            baseline_rows: pd.DataFrame, observer: TuneObserver) -> None:
+    budget = min(plan.settings.trials, len(plan.space.configs()))
+    duplicates_in_a_row = 0
+    while True:
+        held = claims(study.get_trials(deepcopy=False), budget=budget)
+        if held.counted >= budget or len(held.points) >= len(plan.space.configs()):
+            return
+        _warm_start(study, plan, held.points)
+        trial = study.ask()
+        try:
+            trial.set_user_attr("worker", worker)
+            if trial.user_attrs.get("role") not in ("calibration", "warm_start"):
+                trial.set_user_attr("role", "search")
+            config = plan.space.suggest(trial)
+            spec = plan.space.point(config, temperature=group.temperature, top_p=group.top_p)
+            trial.set_user_attr("point_id", spec.point_id)
+            decision = verdict(study, trial, budget=budget)
+            if decision != "run":
+                trial.set_user_attr("role", decision)
+                study.tell(trial, state=TrialState.FAIL)
+                if decision == "surplus":
+                    return
+                duplicates_in_a_row += 1
+                if duplicates_in_a_row >= _MAX_DUPLICATES_IN_A_ROW:
+                    _enqueue_unclaimed(study, plan, trial.number)
+                    duplicates_in_a_row = 0
+                continue
+            duplicates_in_a_row = 0
+            row = _run_trial(study, trial, spec, config=config, plan=plan, evaluator=evaluator, baseline=baseline,
+                             baseline_rows=baseline_rows)
+        except BaseException:
+            if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
+                trial.set_user_attr("role", "interrupted")
+                study.tell(trial, state=TrialState.FAIL)
+            raise
+        observer.trial_finished(group.study, row)
+
+
+def _run_trial(study: optuna.Study, trial: optuna.Trial, spec, *, config, plan: Plan, evaluator: Evaluator, baseline,
+               baseline_rows: pd.DataFrame) -> dict[str, Any]:
+    objective = plan.settings.objective
+    context = evaluator.context(spec)
+    prunable = plan.settings.prune and trial.user_attrs.get("role") != "calibration"
+
+    def judge(rows: pd.DataFrame) -> None:
+        """Report the objective on the prompts so far (every single-objective trial, so the pruner can
+        compare); stop the trial if the pruner judges it clearly worse."""
+        if objective.is_pareto:
+            return
+        try:
+            measured = measure(spec, rows, baseline=baseline, baseline_rows=baseline_rows, objective=objective,
+                               context=context)
+        except NotMeasured:
+            return
+        trial.report(measured.values[0], step=int(rows["prompt_id"].nunique()))
+        if prunable and trial.should_prune():
+            raise Pruned(rows)
+
+    try:
+        outcome = evaluator.run(spec, judge)
+    except Pruned as pruned:
+        partial = measure(spec, pruned.rows, baseline=baseline, baseline_rows=baseline_rows, objective=objective,
+                          context=context)
+        _set_measurement(trial, partial, plan, evaluated=True)
+        study.tell(trial, state=TrialState.PRUNED)
+        return {"number": trial.number, "point_id": spec.point_id, "state": "PRUNED", "value": partial.values[0]}
+    if outcome.error is None:
+        try:
+            measured = measure(spec, outcome.rows, baseline=baseline, baseline_rows=baseline_rows,
+                               objective=objective, context=context)
+        except NotMeasured as error:
+            outcome = replace(outcome, error=str(error))
+    if outcome.error is not None:
+        trial.set_user_attr("error", outcome.error)
+        trial.set_user_attr("evaluated", outcome.evaluated)
+        study.tell(trial, state=TrialState.FAIL)
+        return {"number": trial.number, "point_id": spec.point_id, "state": "FAIL", "error": outcome.error}
+    _set_measurement(trial, measured, plan, evaluated=outcome.evaluated)
+    if trial.user_attrs.get("role") == "calibration":
+        calibration = calibrate(outcome.rows, baseline_rows, gamma=config.gamma)
+        if calibration is not None:
+            trial.set_user_attr("calibration", calibration.as_dict())
+    study.tell(trial, list(measured.values))
+    return {"number": trial.number, "point_id": spec.point_id, "state": "COMPLETE", "value": measured.values[0],
+            "evaluated": outcome.evaluated}
+
+
+def _set_measurement(trial: optuna.Trial, measured, plan: Plan, *, evaluated: bool) -> None:
+    trial.set_user_attr("metrics", measured.metrics)
+    trial.set_user_attr("repeat_values", list(measured.repeat_values))
+    trial.set_user_attr("noise", measured.noise)
+    trial.set_user_attr("evaluated", evaluated)
+    trial.set_user_attr("constraints", plan.settings.constraints.violations(measured.metrics))
+
+
+def _warm_start(study: optuna.Study, plan: Plan, claimed: dict[tuple, int]) -> None:
+    """Once every calibration trial has finished: predict every configuration of the calibrated drafts
+    and enqueue the best unclaimed ones."""
+    if plan.settings.warm_start == 0 or "warm_start" in study.user_attrs:
+        return
+    trials = study.get_trials(deepcopy=False)
+    calibration_trials = [t for t in trials if t.user_attrs.get("role") == "calibration"]
+    if not calibration_trials or any(not t.state.is_finished() for t in calibration_trials):
+        return
+    calibrations = {(t.params["draft"], t.params.get("ngram_max")): Calibration.from_dict(t.user_attrs["calibration"])
+                    for t in calibration_trials if t.state == TrialState.COMPLETE and "calibration" in t.user_attrs}
+    predictions = []
+    for config in plan.space.configs():
+        params = plan.space.params(config)
+        calibration = calibrations.get((config.draft, params.get("ngram_max")))
+        if calibration is not None:
+            predictions.append((params, predicted_speedup(calibration, config.gamma)))
+    predictions.sort(key=lambda item: -item[1])
+    study.set_user_attr("warm_start", {"predictions": [[p, round(v, 6)] for p, v in predictions]})
+    chosen = [(p, v) for p, v in predictions if tuple(sorted(p.items())) not in claimed][: plan.settings.warm_start]
+    for params, value in chosen:
+        study.enqueue_trial(params, user_attrs={"role": "warm_start", "predicted_speedup": value}, skip_if_exists=True)
+
+
+def _enqueue_unclaimed(study: optuna.Study, plan: Plan, number: int) -> None:
+    held = claims(study.get_trials(deepcopy=False), budget=None).points
+    unclaimed = [c for c in plan.space.configs() if tuple(sorted(plan.space.params(c).items())) not in held]
+    if unclaimed:
+        config = random.Random(plan.settings.seed * 100_003 + number).choice(unclaimed)
+        study.enqueue_trial(plan.space.params(config), user_attrs={"role": "search"})
+
+
+def finish(plan: Plan) -> TuneResult:
+    """trials.parquet, recommendation.json and recommendation.toml from the studies as they stand."""
+    storage = open_storage(plan.storage_url)
+    studies = {group.study: optuna.load_study(study_name=group.study, storage=storage) for group in plan.groups}
+    if plan.replay is None and (plan.out_dir / results.MANIFEST_FILE).exists():
+        files = RunFiles(plan.out_dir)
+        points = results.read_parquet(plan.out_dir / results.POINTS_FILE)
+        if points is not None:
+            files.finish(points)
+    return outputs.write(plan, studies)

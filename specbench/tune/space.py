@@ -1,0 +1,181 @@
+"""What `specbench tune` searches and what it optimises: the search space read from a profile, the
+objective, the constraints. Validated here, where the options enter."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import optuna
+
+from specbench.profile import Profile
+from specbench.results import PointSpec
+
+
+class TuneError(ValueError):
+    """Bad input to `specbench tune`; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One or two point columns: a single objective, or the throughput-vs-memory Pareto mode."""
+
+    name: str
+    columns: tuple[str, ...]
+    directions: tuple[str, ...]  # "maximize" | "minimize", per column
+
+    @property
+    def is_pareto(self) -> bool:
+        return len(self.columns) > 1
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether `a` beats `b` on the first (the deciding) column."""
+        return a > b if self.directions[0] == "maximize" else a < b
+
+
+OBJECTIVES = {
+    "tokens_per_s": Objective("tokens_per_s", ("tokens_per_s",), ("maximize",)),
+    "speedup": Objective("speedup", ("speedup",), ("maximize",)),
+    "tpot_ms_p50": Objective("tpot_ms_p50", ("tpot_ms_p50",), ("minimize",)),
+    "e2e_ms_p50": Objective("e2e_ms_p50", ("e2e_ms_p50",), ("minimize",)),
+    "e2e_ms_p99": Objective("e2e_ms_p99", ("e2e_ms_p99",), ("minimize",)),
+    "pareto": Objective("pareto", ("tokens_per_s", "peak_memory_mb"), ("maximize", "minimize")),
+}
+
+
+def parse_objective(name: str) -> Objective:
+    if name not in OBJECTIVES:
+        raise TuneError(f"--objective: unknown objective {name!r} (known: {', '.join(OBJECTIVES)})")
+    return OBJECTIVES[name]
+
+
+@dataclass(frozen=True)
+class Constraints:
+    max_peak_memory_mb: float | None = None
+    min_acceptance_rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_peak_memory_mb is not None and self.max_peak_memory_mb <= 0:
+            raise TuneError(f"--max-peak-memory-mb: must be > 0 (got {self.max_peak_memory_mb:g})")
+        if self.min_acceptance_rate is not None and not 0 <= self.min_acceptance_rate <= 1:
+            raise TuneError(f"--min-acceptance-rate: must be in [0, 1] (got {self.min_acceptance_rate:g})")
+
+    def violations(self, metrics: dict[str, Any]) -> list[float]:
+        """Optuna's convention: one value per constraint, feasible when every value is <= 0. A metric
+        that was not measured (HF backend acceptance, a pruned trial) violates its constraint."""
+        values = []
+        if self.max_peak_memory_mb is not None:
+            memory = metrics.get("peak_memory_mb")
+            values.append(float("inf") if memory is None else memory - self.max_peak_memory_mb)
+        if self.min_acceptance_rate is not None:
+            rate = metrics.get("acceptance_rate")
+            values.append(float("inf") if rate is None else self.min_acceptance_rate - rate)
+        return values
+
+
+@dataclass(frozen=True)
+class DraftChoice:
+    name: str
+    method: str  # draft | ngram
+    model: str | None
+    quantize: str | None
+    ngram_min: int | None
+    ngram_max_low: int | None  # the range tuned for ngram_max (one value when not tuned)
+    ngram_max_high: int | None
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the search space at a fixed temperature."""
+
+    draft: str
+    gamma: int
+    ngram_max: int | None = None
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """drafts (categorical) x gamma (integer range) x, for n-gram drafts, the longest n-gram matched
+    (integer range ngram_min..ngram_max of the profile)."""
+
+    drafts: tuple[DraftChoice, ...]
+    gamma_low: int
+    gamma_high: int
+
+    def describe(self) -> dict[str, Any]:
+        """Plain data stored with the study: a study is only resumed with the same space."""
+        return {"drafts": [asdict(d) for d in self.drafts], "gamma": [self.gamma_low, self.gamma_high]}
+
+    def draft(self, name: str) -> DraftChoice:
+        return next(d for d in self.drafts if d.name == name)
+
+    def configs(self) -> list[Config]:
+        """Every point of the space, in profile order."""
+        out = []
+        for draft in self.drafts:
+            ngrams = range(draft.ngram_max_low, draft.ngram_max_high + 1) if draft.method == "ngram" else [None]
+            for ngram_max, gamma in itertools.product(ngrams, range(self.gamma_low, self.gamma_high + 1)):
+                out.append(Config(draft.name, gamma, ngram_max))
+        return out
+
+    def suggest(self, trial: optuna.Trial) -> Config:
+        """Define-by-run: ngram_max is suggested only for n-gram drafts with a range to tune."""
+        name = trial.suggest_categorical("draft", [d.name for d in self.drafts])
+        gamma = trial.suggest_int("gamma", self.gamma_low, self.gamma_high)
+        draft = self.draft(name)
+        if draft.method != "ngram":
+            return Config(name, gamma)
+        if draft.ngram_max_low == draft.ngram_max_high:
+            return Config(name, gamma, draft.ngram_max_high)
+        return Config(name, gamma, trial.suggest_int("ngram_max", draft.ngram_max_low, draft.ngram_max_high))
+
+    def params(self, config: Config) -> dict[str, Any]:
+        """The trial parameters of `config` (to enqueue it)."""
+        params: dict[str, Any] = {"draft": config.draft, "gamma": config.gamma}
+        draft = self.draft(config.draft)
+        if draft.method == "ngram" and draft.ngram_max_low != draft.ngram_max_high:
+            params["ngram_max"] = config.ngram_max
+        return params
+
+    def calibration_configs(self) -> list[Config]:
+        """One per draft at the largest gamma (and the longest n-gram): the warm start's measurements."""
+        return [Config(d.name, self.gamma_high, d.ngram_max_high if d.method == "ngram" else None) for d in self.drafts]
+
+    def point(self, config: Config, *, temperature: float, top_p: float) -> PointSpec:
+        draft = self.draft(config.draft)
+        ngram = f"-n{config.ngram_max}" if draft.method == "ngram" and draft.ngram_max_low != draft.ngram_max_high else ""
+        return PointSpec(
+            point_id=f"{draft.name}{ngram}-g{config.gamma}-t{temperature:g}-p{top_p:g}", method=draft.method,
+            draft=draft.name, gamma=config.gamma, temperature=temperature, top_p=top_p,
+            draft_model=draft.model, draft_quantize=draft.quantize,
+            ngram_min=draft.ngram_min, ngram_max=config.ngram_max,
+        )
+
+
+def space_from_profile(profile: Profile, *, tune_ngram: bool = True) -> SearchSpace:
+    """gamma spans the profile's smallest to largest gamma; without `tune_ngram` (a replay of a
+    recorded grid) an n-gram draft keeps its ngram_max."""
+    where = str(profile.source) if profile.source else "profile"
+    if not profile.drafts:
+        raise TuneError(f"{where}: drafts: empty search space (add at least one [[drafts]] table)")
+    drafts = tuple(
+        DraftChoice(
+            name=d.name, method=d.method, model=d.model, quantize=d.quantize,
+            ngram_min=d.ngram_min if d.method == "ngram" else None,
+            ngram_max_low=(d.ngram_min if tune_ngram else d.ngram_max) if d.method == "ngram" else None,
+            ngram_max_high=d.ngram_max if d.method == "ngram" else None,
+        )
+        for d in profile.drafts
+    )
+    space = SearchSpace(drafts, min(profile.sweep.gamma), max(profile.sweep.gamma))
+    if len(space.configs()) < 2:
+        raise TuneError(f"{where}: empty search space: one draft at one gamma leaves nothing to tune "
+                        "(list more drafts or gammas, or use specbench run)")
+    return space
+
+
+def temperature_groups(profile: Profile) -> list[tuple[float, float]]:
+    """(temperature, top_p) pairs, each tuned on its own; greedy ignores top_p, so it appears once."""
+    groups = [(t, 1.0 if t == 0 else p) for p in profile.sweep.top_p for t in profile.sweep.temperature]
+    return list(dict.fromkeys(groups))
