@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from specbench.devices import DeviceError
+from specbench.grid import run_grid
 from specbench.models import BUILTIN_MODELS, ModelError, fetch_builtin, list_builtins
 from specbench.profile import DEFAULT_PROFILE, ProfileError, load_profile, with_overrides
 from specbench.render import SweepProgress, print_builtins, print_run_summary
@@ -50,6 +51,9 @@ def run(
     backend: Annotated[Optional[str], typer.Option(help="native (instrumented engine) or hf (transformers generate).")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
     max_prompts: Annotated[Optional[int], typer.Option(help="Use only the first N prompts of the workload.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Share the sweep through this Optuna storage URL (postgresql://, mysql://, sqlite:///) or journal file; every process that joins runs the points not yet claimed (default with --study or --workers: study.db in the output folder).")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name of a shared sweep (default: <profile name>-run).")] = None,
+    workers: Annotated[int, typer.Option(help="Local worker processes sharing the sweep (one per visible GPU where there are GPUs).")] = 1,
     json_output: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")] = False,
 ) -> None:
     """Sweep drafts x gamma x temperature against the baseline; record every request into parquet."""
@@ -64,7 +68,11 @@ def run(
     console = _console(stderr=json_output)
     try:
         with SweepProgress(console) as progress:
-            result = run_sweep(loaded, out_dir=out_dir, fresh=fresh, observer=progress)
+            if storage is None and study is None and workers == 1:
+                result = run_sweep(loaded, out_dir=out_dir, fresh=fresh, observer=progress)
+            else:
+                result = run_grid(loaded, out_dir=out_dir, storage=storage, study=study, workers=workers, fresh=fresh,
+                                  observer=progress)
     except BAD_INPUT as error:
         _fail(str(error))
     print_run_summary(console, result.points, str(out_dir))

@@ -74,6 +74,7 @@ def request_row(spec: PointSpec, *, point_key: str, prompt_id: str, category: st
         "decode_tokens": sum(step.emitted for step in trace.steps),
         "drafted_tokens": trace.drafted_tokens,
         "accepted_tokens": trace.accepted_tokens,
+        "rejected_steps": trace.rejected_steps,
         "accepted_per_position": list(trace.accepted_per_position),
         "drafted_per_position": list(trace.drafted_per_position) if trace.drafted_per_position is not None else None,
         "draft_ms": _sum_ms(step.draft_s for step in trace.steps),
@@ -128,6 +129,7 @@ def _metrics(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec
         "output_tokens": int(point["output_tokens"].sum()),
         "tokens_per_s": stats.throughput(point["output_tokens"], point["e2e_ms"] / 1e3),
         "acceptance_rate": accepted / drafted if drafted else None,
+        "alpha": _alpha(point, accepted) if drafted else None,
         "mean_accepted_length": point["decode_tokens"].sum() / point["target_steps"].sum()
         if point["target_steps"].sum() else None,
         "accepted_per_position": _sum_lists(point["accepted_per_position"]),
@@ -175,7 +177,8 @@ def _against_baseline(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: 
                  if baseline["verify_ms"].notna().all() and baseline["target_steps"].sum() else None)
     if target_ms and metrics["acceptance_rate"] is not None and metrics["verify_ms_per_step"] is not None:
         result["predicted_speedup"] = stats.predicted_speedup(
-            alpha=metrics["acceptance_rate"], gamma=spec.gamma, draft_s_per_token=metrics["draft_ms_per_token"] or 0.0,
+            alpha=metrics["alpha"] if metrics["alpha"] is not None else metrics["acceptance_rate"],
+            gamma=spec.gamma, draft_s_per_token=metrics["draft_ms_per_token"] or 0.0,
             verify_s=metrics["verify_ms_per_step"], target_s_per_token=target_ms,
         )
     if spec.temperature == 0:
@@ -184,6 +187,17 @@ def _against_baseline(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: 
             expected.get(request_id) == sha for request_id, sha in zip(point["request_id"], point["output_sha"])
         ))
     return result
+
+
+def _alpha(point: pd.DataFrame, accepted: int) -> float | None:
+    """The per-token acceptance probability of the analytic model (Leviathan et al.'s alpha): each
+    drafted token is accepted with probability alpha until the first rejection, so its estimate is
+    accepted / (accepted + rejections). accepted / drafted (the acceptance_rate) is lower: tokens drafted
+    after a rejection are never judged."""
+    if "rejected_steps" not in point or point["rejected_steps"].isna().any():
+        return None
+    judged = accepted + point["rejected_steps"].sum()
+    return float(accepted / judged) if judged else None
 
 
 def _sum_lists(column: pd.Series) -> list[int]:
@@ -197,7 +211,7 @@ def _sum_lists(column: pd.Series) -> list[int]:
 _POINT_COLUMNS = [
     "point_id", "status", "error", "backend", "method", "draft", "gamma", "temperature", "top_p",
     "n_requests", "output_tokens", "tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high",
-    "predicted_speedup", "acceptance_rate", "mean_accepted_length", "accepted_per_position",
+    "predicted_speedup", "acceptance_rate", "alpha", "mean_accepted_length", "accepted_per_position",
     "drafted_per_position", "ttft_ms_p50", "tpot_ms_p50", "tpot_ms_p90", "itl_ms_p50", "itl_ms_p99",
     "e2e_ms_p50", "e2e_ms_p99", "peak_memory_mb", "weight_mb", "draft_ms_per_token", "verify_ms_per_step",
     "outputs_match_baseline", "target_model", "draft_model", "draft_quantize", "ngram_min", "ngram_max",
@@ -209,7 +223,7 @@ _POINT_DTYPES = {
     "draft": "string", "gamma": "Int64", "temperature": "float64", "top_p": "float64", "n_requests": "Int64",
     "output_tokens": "Int64", "outputs_match_baseline": "boolean", "target_model": "string",
     "draft_model": "string", "draft_quantize": "string", "ngram_min": "Int64", "ngram_max": "Int64",
-    "point_key": "string", **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
+    "point_key": "string", "alpha": "float64", **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }
 

@@ -11,7 +11,6 @@ import hashlib
 import json
 import platform
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field

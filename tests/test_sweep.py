@@ -128,6 +128,9 @@ def test_run_writes_both_files_with_their_schemas(project):
     row = points.set_index("point_id").loc["close-g2-t0-p1"]
     assert row["tokens_per_s"] == pytest.approx(one["output_tokens"].sum() / (one["e2e_ms"].sum() / 1e3))
     assert row["acceptance_rate"] == pytest.approx(one["accepted_tokens"].sum() / one["drafted_tokens"].sum())
+    judged = one["accepted_tokens"].sum() + one["rejected_steps"].sum()
+    assert row["alpha"] == pytest.approx(one["accepted_tokens"].sum() / judged)
+    assert (drafts["alpha"] >= drafts["acceptance_rate"] - 1e-12).all()
     assert list(row["accepted_per_position"]) == np.sum(np.stack(one["accepted_per_position"].to_list()), axis=0).tolist()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["finished_at"]

@@ -57,6 +57,13 @@ class Trace:
         return sum(step.accepted for step in self.steps)
 
     @property
+    def rejected_steps(self) -> int | None:
+        """Steps that rejected a drafted token (accepted < drafted)."""
+        if self.drafted_tokens is None:
+            return None
+        return sum(1 for step in self.steps if step.accepted < step.drafted)
+
+    @property
     def acceptance_rate(self) -> float | None:
         """Accepted draft tokens / drafted tokens; None when nothing was drafted."""
         drafted = self.drafted_tokens

@@ -62,7 +62,8 @@ class Live:
         """Measured once per output folder: local workers wait for the one that runs it."""
         spec = baseline_spec(temperature, top_p)
         with self.files.lock("baseline"):
-            rows = self.files.recorded(spec, self.ctx)
+            with self.files.lock():  # never read a parquet file while another process replaces it
+                rows = self.files.recorded(spec, self.ctx)
             if rows is None:
                 new_rows, error = evaluate_point(spec, self.ctx)
                 self.files.record(spec, self.ctx, new_rows, error=error)
@@ -72,7 +73,8 @@ class Live:
         return spec, rows
 
     def run(self, spec: PointSpec, after_batch: AfterBatch) -> Outcome:
-        recorded = self.files.recorded(spec, self.ctx)
+        with self.files.lock():
+            recorded = self.files.recorded(spec, self.ctx)
         if recorded is not None:
             return Outcome(recorded, None, evaluated=False)
         rows, error = evaluate_point(spec, self.ctx, after_prompt=lambda so_far: after_batch(pd.DataFrame(so_far)))

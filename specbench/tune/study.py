@@ -40,12 +40,14 @@ def storage_url(storage: str | None, out_dir: Path) -> str:
 
 def open_storage(url: str, *, attempts: int = 5) -> BaseStorage:
     """Any Optuna storage: an SQLAlchemy URL (sqlite, postgresql, mysql) or a journal file path. Workers
-    that start together on a new database race to create Optuna's tables: the losers try again."""
+    that start together on a new database race to create Optuna's tables: the losers try again (an
+    IntegrityError, or SQLite's "table ... already exists")."""
     for attempt in range(attempts):
         try:
             return _open_storage(url)
         except TuneError as error:
-            if "IntegrityError" not in str(error) or attempt == attempts - 1:
+            racing = "IntegrityError" in str(error) or "already exists" in str(error)
+            if not racing or attempt == attempts - 1:
                 raise
             time.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
