@@ -42,7 +42,6 @@ def generate(
     device = next(target.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
-    vocab_size = target.get_output_embeddings().weight.shape[0]
     stop = set(eos_token_ids)
 
     with torch.inference_mode():
@@ -101,7 +100,8 @@ def generate(
 
 
 def _check_logits(logits: torch.Tensor, where: str) -> None:
-    if torch.isnan(logits).any():
+    # max propagates NaN: one vectorised reduction to a scalar, not an isnan mask over all [T, V] logits
+    if logits.amax().isnan():
         raise FloatingPointError(f"the target produced NaN logits at the {where} (try dtype = \"float32\")")
 
 

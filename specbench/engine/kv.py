@@ -8,6 +8,13 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+try:
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # transformers without per-layer cache objects: keep the plain DynamicCache
+    DynamicLayer = None
+
+CHUNK_TOKENS = 64  # a growing layer's buffer grows by this many positions at a time
+
 
 @functools.cache
 def _cache_keyword(model_class: type) -> str:
@@ -17,10 +24,51 @@ def _cache_keyword(model_class: type) -> str:
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
+    """A DynamicCache whose full-attention layers append in place (`GrowingLayer`); other layer kinds
+    (sliding window, linear attention) are kept as transformers builds them."""
     try:
-        return DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)
     except TypeError:  # older transformers
         return DynamicCache()
+    layers = getattr(cache, "layers", None)
+    if DynamicLayer is not None and layers and all(type(layer) is DynamicLayer for layer in layers):
+        cache.layers = [GrowingLayer() for _ in layers]
+    return cache
+
+
+if DynamicLayer is not None:
+
+    class GrowingLayer(DynamicLayer):
+        """DynamicLayer's keys and values as views of a preallocated [B, H, capacity, D] buffer: appending T
+        positions writes T positions instead of copying the whole cache (DynamicLayer's torch.cat, O(length)
+        per layer per step), and a crop (inherited) only shortens the views. The buffer grows by
+        CHUNK_TOKENS positions when full, so at most that many positions are allocated unused."""
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            start = self.get_seq_length()
+            end = start + key_states.shape[-2]
+            buffer = getattr(self, "_key_buffer", None)
+            if buffer is None or end > buffer.shape[-2] or (start and self.keys.data_ptr() != buffer.data_ptr()):
+                self._grow(key_states, value_states, start, capacity=end + CHUNK_TOKENS)
+            self._key_buffer[..., start:end, :] = key_states
+            self._value_buffer[..., start:end, :] = value_states
+            self.keys = self._key_buffer[..., :end, :]
+            self.values = self._value_buffer[..., :end, :]
+            return self.keys, self.values
+
+        def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int, *, capacity: int) -> None:
+            """New buffers holding the first `length` cached positions (the current views)."""
+            batch, heads, _, key_dim = key_states.shape
+            keys = key_states.new_empty((batch, heads, capacity, key_dim))
+            values = value_states.new_empty((batch, heads, capacity, value_states.shape[-1]))
+            if length:
+                keys[..., :length, :] = self.keys
+                values[..., :length, :] = self.values
+            self._key_buffer, self._value_buffer = keys, values
 
 
 def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache, *, last: int | None = None) -> torch.Tensor:

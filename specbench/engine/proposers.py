@@ -136,11 +136,14 @@ class NgramProposer:
 def lookup(sequence: np.ndarray, *, k: int, ngram_min: int, ngram_max: int) -> list[int]:
     """The tokens following the earliest earlier occurrence of the sequence's last n tokens."""
     length = len(sequence)
+    # Every occurrence ends where the last token occurs earlier: one pass over the sequence finds the
+    # candidate ends, then each longer n-gram only filters those candidates.
+    ends = np.flatnonzero(sequence[: length - 1] == sequence[length - 1])  # ascending, all < length - 1
     for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
-        pattern = sequence[length - n :]
-        windows = np.lib.stride_tricks.sliding_window_view(sequence[: length - 1], n)  # [L-n, n]
-        matches = np.flatnonzero((windows == pattern).all(axis=1))
+        matches = ends[ends >= n - 1]
+        for back in range(1, n):
+            matches = matches[sequence[matches - back] == sequence[length - 1 - back]]
         if matches.size:
-            start = matches[0] + n  # < length: the windows stop short of the pattern itself
+            start = matches[0] + 1  # the earliest occurrence; < length, as it ends before the last token
             return sequence[start : start + k].tolist()
     return []

@@ -58,11 +58,13 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tu
     """target_logits [k+1, V], draft_tokens [k] -> (accepted, next token).
     Accept drafted tokens while they equal the target's argmax; the next token is the target's argmax
     after the last accepted one (a correction, or the bonus token when all k are accepted)."""
-    choice = target_logits.argmax(dim=-1)  # [k+1]
     k = draft_tokens.shape[0]
-    n = leading_accepts(draft_tokens == choice[:k])
-    accepted, token = torch.stack([n, choice[n]]).tolist()  # one host sync
-    return accepted, token
+    ids = torch.cat([target_logits.argmax(dim=-1), draft_tokens]).tolist()  # [k+1 choices, k drafts]: one host sync
+    choice, drafted = ids[: k + 1], ids[k + 1 :]
+    accepted = 0
+    while accepted < k and drafted[accepted] == choice[accepted]:
+        accepted += 1
+    return accepted, choice[accepted]
 
 
 def verify_sampling(
