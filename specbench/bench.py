@@ -5,7 +5,7 @@ one process so that drift on a shared machine hits both alike. Reported: native 
 HF `generate` tokens/s; for ngram (prompt lookup) and draft (an int8 copy of the target as its own draft),
 the native speedup over the HF speedup, each relative to its own engine's baseline; beside each speedup the
 analytic prediction from the measured acceptance rate and step costs; and whether every greedy output is
-identical token for token.
+identical token for token. Each prompt's time is its fastest repeat (other processes only ever add time).
 
     python -m specbench.bench [--prompts 6] [--max-new-tokens 64] [--gamma 4] [--repeats 2]
 """
@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from rich.console import Console
+from rich.table import Table
 
 from specbench import stats
 from specbench.devices import device_name
@@ -283,9 +286,6 @@ def _ratio_of_speedups(per_prompt: dict, *, n_resamples: int = 2000, seed: int =
 
 
 def render(summary: BenchSummary) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     m, config = summary.measurement, summary.measurement.config
     console = Console()
     if not console.is_terminal:
@@ -379,8 +379,6 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
-
     config = parse_args(argv)
     measurement = measure(config, progress=lambda message: print(f"[bench] {message}", file=sys.stderr, flush=True))
     render(summarize(measurement))

@@ -178,7 +178,7 @@ def test_with_overrides_applies_flags_and_keeps_the_rest():
     assert changed.source == profile.source
     assert changed.workload.model_copy(update={"max_prompts": 4}) == profile.workload
     assert changed.model_copy(
-        update={"backend": "native", "device": "auto", "workload": profile.workload}
+        update={"backend": "native", "device": "cpu", "workload": profile.workload}
     ) == profile
     assert with_overrides(profile) == profile
 
