@@ -141,8 +141,9 @@ def recommendation_profile(plan: "Plan", choices: list[dict[str, Any]]) -> str:
         draft = dict(original)
         if draft["method"] == "ngram":
             draft["ngram_max"] = int(choice["ngram_max"])
-            if draft["ngram_max"] != original.get("ngram_max", 3):
-                draft["name"] = f"{original['name']}-n{draft['ngram_max']}"
+            tuned_name = f"{original['name']}-n{draft['ngram_max']}"
+            if choice["point_id"].startswith(f"{tuned_name}-g"):  # the search named it so: keep the point id
+                draft["name"] = tuned_name
         drafts[draft["name"]] = draft
         gammas.append(int(choice["gamma"]))
     data["name"] = f"{plan.profile.name}-recommended"
