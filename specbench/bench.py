@@ -35,6 +35,7 @@ PROMPTS = "builtin:mixed"
 ENGINES = ("native", "hf")
 HF_NAMES = {"baseline": "HF generate", "ngram": "HF prompt lookup", "draft": "HF assisted generation"}
 WARMUP_TOKENS = 8
+UNSTABLE_SPREAD = 0.05  # repeats of one request further apart than this: other processes disturbed the timing
 
 Progress = Callable[[str], None] | None
 
@@ -91,7 +92,7 @@ class MethodComparison:
     hf: EngineFigures | None  # None when HF could not run the method
     hf_skipped: str | None
     native_over_hf: Interval | None  # baseline: tokens/s ratio; other methods: ratio of speedups
-    acceptance_rate: float | None  # native: accepted / drafted tokens
+    acceptance_rate: float | None  # native: the per-token alpha, accepted / (accepted + rejections)
     expected_tokens_per_step: float | None  # (1 - a^(g+1)) / (1 - a)
     draft_ms_per_token: float | None
     verify_ms: float | None  # mean native time to verify gamma + 1 tokens
@@ -106,6 +107,7 @@ class BenchSummary:
     target_ms_per_token: float  # native baseline: mean time of a 1-token target step
     methods: tuple[MethodComparison, ...]
     mismatches: tuple[str, ...]
+    repeat_spread: float | None  # median over (engine, method, prompt) of slowest / fastest repeat - 1
 
 
 # --- measure ------------------------------------------------------------------------------------
@@ -226,18 +228,30 @@ def summarize(measurement: Measurement) -> BenchSummary:
             identical=pair_ok,
             compared=len(native),
         ))
-    return BenchSummary(measurement, target_s * 1e3, tuple(comparisons), tuple(mismatches))
+    return BenchSummary(measurement, target_s * 1e3, tuple(comparisons), tuple(mismatches),
+                        _repeat_spread(requests))
 
 
 def _step_costs(steps: list[StepRecord], *, gamma: int) -> tuple[float | None, float | None, float | None]:
-    """(acceptance rate, draft seconds per drafted token, mean seconds to verify gamma + 1 tokens) of a
+    """(per-token acceptance alpha = accepted / (accepted + rejections), draft seconds per drafted token, mean seconds to verify gamma + 1 tokens) of a
     method's native steps; all None when nothing was drafted (the baseline)."""
     drafted = sum(s.drafted for s in steps)
     if not drafted:
         return None, None, None
     full = [s.verify_s for s in steps if s.drafted == gamma]
-    return (sum(s.accepted for s in steps) / drafted, sum(s.draft_s for s in steps) / drafted,
-            float(np.mean(full)) if full else None)
+    accepted = sum(s.accepted for s in steps)
+    judged = accepted + sum(1 for s in steps if s.accepted < s.drafted)  # tokens after a rejection are never judged
+    alpha = accepted / judged if judged else None  # the per-token alpha of the analytic model
+    return alpha, sum(s.draft_s for s in steps) / drafted, float(np.mean(full)) if full else None
+
+
+def _repeat_spread(requests: tuple[Request, ...]) -> float | None:
+    """Median of (slowest / fastest - 1) over the repeats of each (engine, method, prompt); None for 1 repeat."""
+    times: dict[tuple[str, str, int], list[float]] = {}
+    for r in requests:
+        times.setdefault((r.engine, r.method, r.prompt), []).append(r.trace.e2e_s)
+    spreads = [max(t) / min(t) - 1 for t in times.values() if len(t) > 1]
+    return float(np.median(spreads)) if spreads else None
 
 
 def _select(requests: tuple[Request, ...], engine: str, method: str) -> list[Request]:
@@ -338,6 +352,12 @@ def render(summary: BenchSummary) -> None:
                 f"[/bold] ({_speedup(c.native.speedup)} vs {_speedup(c.hf.speedup)}; predicted "
                 f"{_number(c.predicted_speedup, '.2f')}x)"
             )
+    if summary.repeat_spread is not None and summary.repeat_spread > UNSTABLE_SPREAD:
+        console.print(f"[bold yellow]unstable timing: repeats of the same request differ by "
+                      f"{summary.repeat_spread:.0%} (median); another process was probably using the CPU. "
+                      "Rerun on a quiet machine[/bold yellow]")
+    elif summary.repeat_spread is not None:
+        console.print(f"timing stable: repeats of the same request differ by {summary.repeat_spread:.1%} (median)")
     if summary.mismatches:
         console.print(f"[bold red]greedy outputs that differ from the native baseline: {'; '.join(summary.mismatches)}"
                       "[/bold red]")
