@@ -345,14 +345,6 @@ def test_a_corrupt_folder_is_skipped_with_one_line_and_the_rest_renders(tmp_path
     assert GREEDY_ROWS[1] in render(report, Format.md)
 
 
-def test_a_tune_folder_is_skipped_as_not_supported(tmp_path, run_a):
-    tune = tmp_path / "tune"
-    tune.mkdir()
-    pd.DataFrame({"trial": [0]}).to_parquet(tune / "trials.parquet")
-    assert [s.reason for s in build_report([run_a, tune]).skipped] == [
-        "a tune result (trials.parquet): reports on tune trials are not supported yet"]
-
-
 def test_missing_empty_or_unreadable_paths_are_report_errors(tmp_path):
     with pytest.raises(ReportError, match=f"^no such folder: {tmp_path / 'nope'}$"):
         build_report([tmp_path / "nope"])

@@ -13,6 +13,7 @@ import pytest
 
 from specbench.report import Format, build_report, render
 from test_report import PNG_TAG, RUN_A, RUN_B, write_run
+from test_report_tune import write_tune
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -37,10 +38,27 @@ def report_html(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def tune_html(tmp_path: Path) -> Path:
+    path = tmp_path / "tune.html"
+    path.write_text(render(build_report([write_tune(tmp_path / "tune")]), Format.html))
+    return path
+
+
 def test_the_report_loads_without_errors_and_every_image_decodes(tmp_path, report_html):
     n_images = report_html.read_text().count(PNG_TAG)
     assert n_images == 5 + 2  # run a: every plot; run b: no per-position, prediction or memory data
-    done = chromium(tmp_path, "--dump-dom", report_html.as_uri())
+    check_loaded(tmp_path, report_html, n_images)
+
+
+def test_the_tune_report_loads_with_its_trial_and_importance_plots(tmp_path, tune_html):
+    html = tune_html.read_text()
+    assert html.count(PNG_TAG) == 4 and 'alt="Objective by trial"' in html and 'alt="Parameter importances"' in html
+    check_loaded(tmp_path, tune_html, 4)
+
+
+def check_loaded(tmp_path: Path, page: Path, n_images: int) -> None:
+    done = chromium(tmp_path, "--dump-dom", page.as_uri())
     assert done.returncode == 0, done.stderr[-2000:]
     dom = done.stdout
     assert f'data-images-decoded="{n_images}/{n_images}"' in dom  # written by the page's load handler

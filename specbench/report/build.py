@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from specbench.report import tables
 from specbench.report.load import Run, Skipped, load_runs
+from specbench.report.trials import StudyReport, study_reports
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class RunReport:
     points: pd.DataFrame  # the run's points after --filter (all columns; plots read these)
     table: pd.DataFrame  # tables.TABLE_COLUMNS, sorted, --top per temperature
     categories: pd.DataFrame  # tables.category_speedups of the filtered points
+    studies: list[StudyReport] = field(default_factory=list)  # a tune's studies (empty for a plain sweep)
 
     @property
     def failed(self) -> pd.DataFrame:
@@ -61,6 +63,7 @@ def build_report(paths: list[str | Path], *, filters: list[str] = (), sort: str 
         reports.append(RunReport(
             run=run, points=points, table=tables.points_table(points, run=run.name, sort=sort, top=top),
             categories=tables.category_speedups(points, run.requests),
+            studies=study_reports(run.tune, parsed) if run.tune is not None else [],
         ))
     comparison = None
     if len(reports) == 2:

@@ -7,7 +7,7 @@ from html import escape
 
 import pandas as pd
 
-from specbench.report import plots, tables
+from specbench.report import plots, tables, trials
 from specbench.report.build import Report, RunReport
 from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line
 
@@ -87,6 +87,27 @@ def _run_section(run_report: RunReport) -> list[str]:
     if len(matrix):
         section += ["<h3>Speedup per workload category</h3>", _table(display_matrix(matrix))]
     for plot in plots.all_plots(run_report.points, run_report.categories):
+        section.append(_figure(plot))
+    if run_report.studies:
+        section += _tune_section(run_report.studies)
+    return section
+
+
+def _tune_section(studies: list[trials.StudyReport]) -> list[str]:
+    section = ["<h3>Tune</h3>"]
+    for study in studies:
+        section += [f"<h4>{escape(study.title)}</h4>", f"<p><strong>{escape(trials.recommendation_line(study))}"
+                    f"</strong><br>{escape(trials.importance_line(study))}</p>"]
+        if study.not_run:
+            section.append(f'<p class="meta">{escape(study.not_run_line)}</p>')
+        chosen = (study.recommendation or {}).get("trial")
+        classes = ["best" if number == chosen else "failed" if state == "FAIL" else ""
+                   for number, state in zip(study.trials["number"], study.trials["state"])]
+        section.append(_table(trials.display_trials(study), row_classes=classes))
+        if study.failed:
+            section += ["<p>Failed trials:</p>", "<ul>"] + [f"<li>{escape(line)}</li>" for line in study.failed]
+            section.append("</ul>")
+    for plot in plots.tune_plots(studies):
         section.append(_figure(plot))
     return section
 

@@ -4,7 +4,7 @@ skipped with a one-line reason; the others still make a report."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,8 @@ import pandas as pd
 
 from specbench import results
 
-TRIALS_FILE = "trials.parquet"  # written by `specbench tune` (planned); not covered by the report yet
+TRIALS_FILE = "trials.parquet"  # written by `specbench tune`, with recommendation.json
+RECOMMENDATION_FILE = "recommendation.json"
 
 # The columns the report reads; a folder missing any of them is skipped.
 POINT_COLUMNS_USED = (
@@ -22,6 +23,8 @@ POINT_COLUMNS_USED = (
     "tpot_ms_p90", "peak_memory_mb", "outputs_match_baseline",
 )
 REQUEST_COLUMNS_USED = ("point_id", "category", "output_tokens", "e2e_ms")
+TRIAL_COLUMNS_USED = ("study", "number", "state", "role", "point_id", "draft", "gamma", "ngram_max", "temperature",
+                      "top_p", "value", "predicted_speedup", "prompts_measured", *POINT_COLUMNS_USED[1:])
 
 
 class ReportError(ValueError):
@@ -29,14 +32,24 @@ class ReportError(ValueError):
 
 
 @dataclass(frozen=True)
+class Tune:
+    """What `specbench tune` left in a folder: one row per trial of every study, and the recommendation
+    (empty when recommendation.json is missing)."""
+
+    trials: pd.DataFrame
+    recommendation: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Run:
-    """One result folder."""
+    """One result folder: a sweep, a tune (its trials, and the points it measured) or both."""
 
     name: str
     path: Path
     points: pd.DataFrame
     requests: pd.DataFrame
     manifest: dict[str, Any] = field(default_factory=dict)
+    tune: Tune | None = None
 
 
 @dataclass(frozen=True)
@@ -89,9 +102,13 @@ def _looks_like_results(folder: Path) -> bool:
 
 def _read_run(folder: Path) -> Run | Skipped:
     points_path, requests_path = folder / results.POINTS_FILE, folder / results.REQUESTS_FILE
+    tune = _read_tune(folder) if (folder / TRIALS_FILE).exists() else None
+    if isinstance(tune, str):
+        return Skipped(folder, tune)
+    if not points_path.exists() and tune is not None:  # a replayed tune: its points are its trials'
+        return Run(name=folder.name, path=folder, points=_measured_points(tune.trials),
+                   requests=pd.DataFrame(columns=list(REQUEST_COLUMNS_USED)), tune=tune)
     if not points_path.exists():
-        if (folder / TRIALS_FILE).exists():
-            return Skipped(folder, f"a tune result ({TRIALS_FILE}): reports on tune trials are not supported yet")
         return Skipped(folder, f"no {results.POINTS_FILE} (an unfinished or partial run?)")
     if not requests_path.exists():
         return Skipped(folder, f"no {results.REQUESTS_FILE} (an unfinished or partial run?)")
@@ -104,7 +121,25 @@ def _read_run(folder: Path) -> Run | Skipped:
     manifest = _read_manifest(folder / results.MANIFEST_FILE)
     if isinstance(manifest, str):
         return Skipped(folder, manifest)
-    return Run(name=folder.name, path=folder, points=points, requests=requests, manifest=manifest)
+    return Run(name=folder.name, path=folder, points=points, requests=requests, manifest=manifest, tune=tune)
+
+
+def _read_tune(folder: Path) -> Tune | str:
+    trials = _read_parquet(folder / TRIALS_FILE, TRIAL_COLUMNS_USED)
+    if isinstance(trials, str):
+        return trials
+    path = folder / RECOMMENDATION_FILE
+    recommendation = _read_manifest(path) if path.exists() else {}
+    if isinstance(recommendation, str):
+        return recommendation
+    return Tune(trials=trials, recommendation=recommendation)
+
+
+def _measured_points(trials: pd.DataFrame) -> pd.DataFrame:
+    """The points a tune measured in full (its completed trials), once each, without the trial columns."""
+    done = trials[trials["state"] == "COMPLETE"].drop_duplicates("point_id")
+    columns = [c for c in results.POINT_COLUMNS if c in trials.columns]
+    return done[columns].reset_index(drop=True)
 
 
 def _read_parquet(path: Path, columns: tuple[str, ...]) -> pd.DataFrame | str:
@@ -137,5 +172,4 @@ def _first_line(error: Exception) -> str:
 def _unique_names(runs: list[Run]) -> list[Run]:
     """Runs are named by folder; two folders with one name are named by their paths instead."""
     names = [run.name for run in runs]
-    return [run if names.count(run.name) == 1 else Run(str(run.path), run.path, run.points, run.requests, run.manifest)
-            for run in runs]
+    return [run if names.count(run.name) == 1 else replace(run, name=str(run.path)) for run in runs]

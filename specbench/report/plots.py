@@ -12,6 +12,7 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
 from specbench.report import tables
+from specbench.report.trials import StudyReport
 
 PANEL_W, PANEL_H, MAX_COLUMNS = 4.8, 3.4, 3
 
@@ -40,6 +41,71 @@ def all_plots(points: pd.DataFrame, categories: pd.DataFrame) -> list[Plot | tup
         plot = make()
         drawn.append(plot if plot is not None else (title, f"Not drawn: {reason}."))
     return drawn
+
+
+def tune_plots(studies: list[StudyReport]) -> list[Plot | tuple[str, str]]:
+    """The plots of a tune's output, in report order; (title, why not drawn) where there was nothing."""
+    drawn: list[Plot | tuple[str, str]] = []
+    for title, plot, reason in (
+        ("Objective by trial", objective_by_trial(studies), "no trial finished"),
+        ("Parameter importances", parameter_importances(studies),
+         "; ".join(f"{s.study}: {s.importance_note}" for s in studies) or "no study"),
+    ):
+        drawn.append(plot if plot is not None else (title, f"Not drawn: {reason}."))
+    return drawn
+
+
+ROLE_COLORS = {"calibration": "tab:orange", "warm_start": "tab:green", "search": "tab:blue"}
+
+
+def objective_by_trial(studies: list[StudyReport]) -> Plot | None:
+    drawn = [s for s in studies if s.trials["value"].notna().any()]
+    if not drawn:
+        return None
+    figure, axes = _panels(len(drawn))
+    for ax, study in zip(axes, drawn):
+        trials = study.trials.dropna(subset=["value"])
+        for role, group in trials.groupby("role", sort=False):
+            color = ROLE_COLORS.get(str(role), "tab:grey")
+            complete = group[group["state"] == "COMPLETE"]
+            pruned = group[group["state"] != "COMPLETE"]
+            ax.scatter(complete["number"], complete["value"], color=color, label=str(role), zorder=3)
+            if len(pruned):
+                ax.scatter(pruned["number"], pruned["value"], facecolors="none", edgecolors=color, zorder=3,
+                           label=f"{role} (pruned: value so far)")
+        best = study.trials.dropna(subset=["best_so_far"])
+        if len(best):
+            ax.step(best["number"], best["best_so_far"], where="post", color="black", linewidth=1, label="best so far")
+        chosen = (study.recommendation or {}).get("trial")
+        if chosen is not None and chosen in set(trials["number"]):
+            row = trials[trials["number"] == chosen].iloc[0]
+            ax.scatter([chosen], [row["value"]], marker="*", s=220, color="gold", edgecolors="black", zorder=4,
+                       label="recommended")
+        direction = f" ({study.direction})" if study.direction else ""
+        ax.set(title=tables.group_title(study.temperature, study.top_p), xlabel="trial",
+               ylabel=f"{study.objective or 'objective'}{direction}")
+        ax.legend(fontsize="x-small")
+    return _plot(figure, "Objective by trial",
+                 "Each trial's objective in the order trials were numbered, coloured by role: calibration "
+                 "(one per draft at the largest gamma), warm start (the analytic model's best predictions), "
+                 "search (TPE). Hollow: pruned, at its value when stopped. Star: the recommended trial.")
+
+
+def parameter_importances(studies: list[StudyReport]) -> Plot | None:
+    drawn = [s for s in studies if s.importances]
+    if not drawn:
+        return None
+    figure, axes = _panels(len(drawn), height=max(2.2, 0.5 * max(len(s.importances) for s in drawn) + 1.4))
+    for ax, study in zip(axes, drawn):
+        names = list(study.importances)[::-1]  # the most important on top
+        values = [study.importances[name] for name in names]
+        ax.barh(names, values, color="tab:blue")
+        for y, value in enumerate(values):
+            ax.text(value, y, f" {value:.2f}", va="center", fontsize="small")
+        ax.set(title=tables.group_title(study.temperature, study.top_p), xlabel="importance", xlim=(0, 1.15))
+    return _plot(figure, "Parameter importances",
+                 "The share of the objective's variance over the completed trials that each parameter explains, "
+                 "as Optuna's fANOVA evaluator computes it (importances sum to 1). Few trials make them rough.")
 
 
 def speedup_vs_gamma(points: pd.DataFrame) -> Plot | None:

@@ -262,7 +262,8 @@ def acceptance_by_position(points: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for row in trusted(points).to_dict("records"):
         accepted, drafted = row["accepted_per_position"], row["drafted_per_position"]
-        if accepted is None or drafted is None or len(drafted) == 0:
+        lists = (list, tuple, np.ndarray)
+        if not isinstance(accepted, lists) or not isinstance(drafted, lists) or len(drafted) == 0:
             continue
         for position, (n_accepted, n_drafted) in enumerate(zip(accepted, drafted), start=1):
             if n_drafted > 0:

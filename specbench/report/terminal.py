@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specbench.report import tables
+from specbench.report import tables, trials
 from specbench.report.build import Report, RunReport
 from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line
 
@@ -43,6 +43,17 @@ def _print_run(console: Console, run_report: RunReport) -> None:
     matrix = tables.category_matrix(run_report.categories)
     if len(matrix):
         console.print(_table(display_matrix(matrix), title="speedup per workload category"))
+    for study in run_report.studies:
+        chosen = (study.recommendation or {}).get("trial")
+        styles = ["bold green" if number == chosen else "dim" if state != "COMPLETE" else None
+                  for number, state in zip(study.trials["number"], study.trials["state"])]
+        console.print(_table(trials.display_trials(study), title=f"tune: {study.title}", row_styles=styles))
+        console.print(f"[bold]{escape(trials.recommendation_line(study))}[/bold]", soft_wrap=True)
+        console.print(escape(trials.importance_line(study)), soft_wrap=True)
+        for line in study.failed:
+            console.print(f"[red]failed[/red] {escape(line)}", soft_wrap=True)
+        if study.not_run:
+            console.print(f"[dim]{escape(study.not_run_line)}[/dim]", soft_wrap=True)
 
 
 def _table(frame: pd.DataFrame, *, title: str, row_styles: list[str | None] | None = None) -> Table:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from specbench.report import tables
+from specbench.report import tables, trials
 from specbench.report.build import Report, RunReport
 
 
@@ -59,6 +59,19 @@ def _run_markdown(run_report: RunReport) -> list[str]:
     if len(matrix):
         lines += ["### Speedup per workload category", ""]
         lines += markdown_table(display_matrix(matrix)) + [""]
+    for study in run_report.studies:
+        lines += _study_markdown(study)
+    return lines
+
+
+def _study_markdown(study: trials.StudyReport) -> list[str]:
+    lines = [f"### Tune: {study.title}", "", f"**{_cell(trials.recommendation_line(study))}**", "",
+             _cell(trials.importance_line(study)), ""]
+    if study.not_run:
+        lines += [study.not_run_line, ""]
+    lines += markdown_table(trials.display_trials(study)) + [""]
+    if study.failed:
+        lines += ["Failed trials:", ""] + [f"- {_cell(line)}" for line in study.failed] + [""]
     return lines
 
 
@@ -112,9 +125,17 @@ def to_json(report: Report) -> str:
         "category_speedups": _records(pd.concat(
             [r.categories.assign(run=r.run.name) for r in report.runs], ignore_index=True)),
         "comparison": _records(report.comparison) if report.comparison is not None else None,
+        "tune": [_study_json(r.run.name, study) for r in report.runs for study in r.studies],
         "skipped": [{"path": str(s.path), "reason": s.reason} for s in report.skipped],
     }
     return json.dumps(document, indent=2) + "\n"
+
+
+def _study_json(run: str, study: trials.StudyReport) -> dict[str, Any]:
+    return {"run": run, "study": study.study, "temperature": study.temperature, "top_p": study.top_p,
+            "objective": study.objective, "direction": study.direction, "recommendation": study.recommendation,
+            "importances": study.importances, "importance_note": study.importance_note,
+            "trials_not_run": study.not_run, "trials": _records(study.trials)}
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:

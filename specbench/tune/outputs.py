@@ -23,7 +23,7 @@ RECOMMENDATION_TOML = "recommendation.toml"
 _TRIAL_COLUMNS = [
     "study", "number", "state", "role", "point_id", "draft", "gamma", "ngram_max", "temperature", "top_p",
     "value", "values", "noise", "repeat_values", "feasible", "constraint_values", "evaluated", "predicted_speedup",
-    "prompts_measured", "duplicate_of", "trial_error", "worker", "datetime_start", "datetime_complete",
+    "warm_start_prediction", "prompts_measured", "duplicate_of", "trial_error", "worker", "datetime_start", "datetime_complete",
 ]
 
 
@@ -44,7 +44,8 @@ def trial_rows(study: optuna.Study, *, temperature: float, top_p: float) -> list
             "values": values, "noise": attrs.get("noise"), "repeat_values": attrs.get("repeat_values"),
             "feasible": all(v <= 0 for v in attrs.get("constraints", [])) if "metrics" in attrs else None,
             "constraint_values": attrs.get("constraints"), "evaluated": attrs.get("evaluated"),
-            "predicted_speedup": predictions.get(tuple(sorted(trial.params.items())), metrics.get("predicted_speedup")),
+            "predicted_speedup": metrics.get("predicted_speedup"),  # from the trial's own measurements
+            "warm_start_prediction": predictions.get(tuple(sorted(trial.params.items()))),  # from the calibration
             "prompts_measured": max(intermediate) if intermediate else None,
             "duplicate_of": attrs.get("duplicate_of"), "trial_error": attrs.get("error"), "worker": attrs.get("worker"),
             "datetime_start": trial.datetime_start, "datetime_complete": trial.datetime_complete,
@@ -61,7 +62,7 @@ def trials_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     dtypes = {k: v for k, v in results.POINT_DTYPES.items() if k in frame.columns}
     dtypes.update({"number": "Int64", "gamma": "Int64", "ngram_max": "Int64", "value": "float64", "noise": "float64",
                    "prompts_measured": "Int64", "duplicate_of": "Int64", "feasible": "boolean", "evaluated": "boolean",
-                   "predicted_speedup": "float64", "study": "string", "state": "string", "role": "string",
+                   "predicted_speedup": "float64", "warm_start_prediction": "float64", "study": "string", "state": "string", "role": "string",
                    "trial_error": "string", "worker": "string"})
     return frame.astype(dtypes)
 
