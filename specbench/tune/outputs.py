@@ -23,7 +23,8 @@ RECOMMENDATION_TOML = "recommendation.toml"
 _TRIAL_COLUMNS = [
     "study", "number", "state", "role", "point_id", "draft", "gamma", "ngram_max", "temperature", "top_p",
     "value", "values", "noise", "repeat_values", "feasible", "constraint_values", "evaluated", "predicted_speedup",
-    "warm_start_prediction", "prompts_measured", "duplicate_of", "trial_error", "worker", "datetime_start", "datetime_complete",
+    "warm_start_prediction", "prompts_measured", "duplicate_of", "trial_error", "worker", "datetime_start",
+    "datetime_complete",
 ]
 
 
@@ -62,8 +63,8 @@ def trials_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     dtypes = {k: v for k, v in results.POINT_DTYPES.items() if k in frame.columns}
     dtypes.update({"number": "Int64", "gamma": "Int64", "ngram_max": "Int64", "value": "float64", "noise": "float64",
                    "prompts_measured": "Int64", "duplicate_of": "Int64", "feasible": "boolean", "evaluated": "boolean",
-                   "predicted_speedup": "float64", "warm_start_prediction": "float64", "study": "string", "state": "string", "role": "string",
-                   "trial_error": "string", "worker": "string"})
+                   "predicted_speedup": "float64", "warm_start_prediction": "float64", "study": "string",
+                   "state": "string", "role": "string", "trial_error": "string", "worker": "string"})
     return frame.astype(dtypes)
 
 
