@@ -8,6 +8,9 @@ analytic prediction from the measured acceptance rate and step costs; and whethe
 identical token for token. Each prompt's time is its fastest repeat (other processes only ever add time).
 
     python -m specbench.bench [--prompts 6] [--max-new-tokens 64] [--gamma 4] [--repeats 2]
+                              [--model REF] [--device cuda] [--dtype bfloat16]
+
+On a GPU the draft is a second copy of the target in the same dtype (int8 dynamic quantisation is CPU-only).
 """
 
 from __future__ import annotations
@@ -47,7 +50,10 @@ class BenchConfig:
     gamma: int = 4
     ngram_max: int = 3
     repeats: int = 2
-    draft: bool = True  # also compare the draft method (int8 self-draft)
+    draft: bool = True  # also compare the draft method (int8 self-draft; on a GPU a same-dtype copy)
+    model: str = MODEL
+    device: str = "cpu"
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -116,12 +122,14 @@ class BenchSummary:
 def measure(config: BenchConfig, *, progress: Progress = None) -> Measurement:
     """Load the embedded model (and its int8 copy as a draft), warm every engine up, then run each prompt
     through every (method, engine) pair, alternating which engine goes first."""
-    device = torch.device("cpu")
+    device = torch.device(config.device)
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(threads)
-    _report(progress, f"loading {MODEL}")
-    target = load_model(MODEL, device=device, dtype=torch.float32)
-    draft = load_model(MODEL, device=device, dtype=torch.float32, quantize="int8").model if config.draft else None
+    dtype = getattr(torch, config.dtype)
+    _report(progress, f"loading {config.model}")
+    target = load_model(config.model, device=device, dtype=dtype)
+    quantize = "int8" if device.type == "cpu" else None
+    draft = load_model(config.model, device=device, dtype=dtype, quantize=quantize).model if config.draft else None
     prompt_ids = [encode_prompt(target.tokenizer, p) for p in load_prompts(PROMPTS, max_prompts=config.prompts)]
     eos = [target.tokenizer.eos_token_id]
     vocab_size = target.model.get_output_embeddings().weight.shape[0]
@@ -305,7 +313,7 @@ def render(summary: BenchSummary) -> None:
     if not console.is_terminal:
         console.width = max(console.width, 120)
     console.print(
-        f"{MODEL} float32 on {m.device}, {m.threads} threads; {len(m.prompt_tokens)} prompts from {PROMPTS} "
+        f"{m.config.model} {m.config.dtype} on {m.device}, {m.threads} threads; {len(m.prompt_tokens)} prompts from {PROMPTS} "
         f"({min(m.prompt_tokens)}-{max(m.prompt_tokens)} tokens); max_new_tokens {config.max_new_tokens}, "
         f"gamma {config.gamma}, ngram_max {config.ngram_max}, greedy; engines interleaved per prompt, "
         f"fastest of {config.repeats} repeat(s) per prompt"
@@ -390,12 +398,16 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     parser.add_argument("--ngram-max", type=int, default=3, help="longest n-gram prompt lookup matches (default 3)")
     parser.add_argument("--repeats", type=int, default=2, help="passes over the prompts (default 2)")
     parser.add_argument("--no-draft", action="store_true", help="skip the draft method (int8 self-draft)")
+    parser.add_argument("--model", default=MODEL, help=f"the target (default {MODEL}); any specbench model reference")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args(argv)
     for name in ("prompts", "max_new_tokens", "gamma", "ngram_max", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
     return BenchConfig(prompts=args.prompts, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
-                       ngram_max=args.ngram_max, repeats=args.repeats, draft=not args.no_draft)
+                       ngram_max=args.ngram_max, repeats=args.repeats, draft=not args.no_draft, model=args.model,
+                       device=args.device, dtype=args.dtype)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,9 +9,8 @@ from specbench.engine import BaselineProposer, DraftModelProposer, NgramProposer
 from specbench.engine import kv
 from specbench.engine.hf import hf_generate
 from specbench.engine.proposers import lookup
-from tiny import perturbed, resized_vocab, tiny_llama
+from tiny import DEVICE, perturbed, resized_vocab, tiny_llama
 
-CPU = torch.device("cpu")
 PROMPT = [5, 9, 13, 22, 5, 9, 40, 41, 42, 5, 9, 13, 7]
 MAX_NEW = 40
 
@@ -23,7 +22,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def baseline_ids(target) -> tuple[int, ...]:
-    return generate(target, BaselineProposer(CPU), PROMPT, gamma=1, temperature=0.0, max_new_tokens=MAX_NEW).output_ids
+    return generate(target, BaselineProposer(DEVICE), PROMPT, gamma=1, temperature=0.0, max_new_tokens=MAX_NEW).output_ids
 
 
 def check_accounting(trace: Trace, *, gamma: int) -> None:
@@ -52,9 +51,9 @@ def draft_proposers(target):
     vocab = target.config.vocab_size
     close = perturbed(target, scale=0.01)
     return {
-        "close": DraftModelProposer(close, vocab_size=vocab, device=CPU),
-        "larger-vocab": DraftModelProposer(resized_vocab(close, vocab + 16), vocab_size=vocab, device=CPU),
-        "smaller-vocab": DraftModelProposer(resized_vocab(close, vocab - 8), vocab_size=vocab, device=CPU),
+        "close": DraftModelProposer(close, vocab_size=vocab, device=DEVICE),
+        "larger-vocab": DraftModelProposer(resized_vocab(close, vocab + 16), vocab_size=vocab, device=DEVICE),
+        "smaller-vocab": DraftModelProposer(resized_vocab(close, vocab - 8), vocab_size=vocab, device=DEVICE),
     }
 
 
@@ -70,14 +69,14 @@ def test_greedy_draft_equals_baseline(target, baseline_ids, gamma):
 
 @pytest.mark.parametrize("gamma", [1, 2, 3, 5])
 def test_greedy_ngram_equals_baseline(target, baseline_ids, gamma):
-    trace = generate(target, NgramProposer(device=CPU), PROMPT, gamma=gamma, temperature=0.0, max_new_tokens=MAX_NEW)
+    trace = generate(target, NgramProposer(device=DEVICE), PROMPT, gamma=gamma, temperature=0.0, max_new_tokens=MAX_NEW)
     assert trace.output_ids == baseline_ids
     check_accounting(trace, gamma=gamma)
     assert 0 < trace.accepted_tokens < trace.drafted_tokens
 
 
 def test_baseline_accounting(target, baseline_ids):
-    trace = generate(target, BaselineProposer(CPU), PROMPT, gamma=4, temperature=0.0, max_new_tokens=MAX_NEW)
+    trace = generate(target, BaselineProposer(DEVICE), PROMPT, gamma=4, temperature=0.0, max_new_tokens=MAX_NEW)
     assert trace.output_tokens == MAX_NEW
     assert trace.mean_accepted_length == 1.0
     assert trace.acceptance_rate is None
@@ -101,7 +100,7 @@ def test_hf_greedy_equals_native(target, baseline_ids, method, gamma):
 
 def test_temperature_sampling_is_seeded(target):
     def run(seed: int) -> tuple[int, ...]:
-        proposer = DraftModelProposer(perturbed(target, scale=0.01), vocab_size=64, device=CPU)
+        proposer = DraftModelProposer(perturbed(target, scale=0.01), vocab_size=64, device=DEVICE)
         return generate(target, proposer, PROMPT, gamma=3, temperature=0.8, top_p=0.9, max_new_tokens=30,
                         seed=seed).output_ids
 
@@ -112,7 +111,7 @@ def test_temperature_sampling_is_seeded(target):
 def test_eos_ends_the_request_and_accounting_holds(target, baseline_ids):
     eos = baseline_ids[12]
     expected = baseline_ids[: baseline_ids.index(eos) + 1]
-    for proposer in [*draft_proposers(target).values(), NgramProposer(device=CPU), BaselineProposer(CPU)]:
+    for proposer in [*draft_proposers(target).values(), NgramProposer(device=DEVICE), BaselineProposer(DEVICE)]:
         trace = generate(target, proposer, PROMPT, gamma=4, temperature=0.0, max_new_tokens=MAX_NEW, eos_token_ids=[eos])
         assert trace.output_ids == expected
         check_accounting(trace, gamma=4)
@@ -120,7 +119,7 @@ def test_eos_ends_the_request_and_accounting_holds(target, baseline_ids):
 
 @pytest.mark.parametrize("gamma", [2, 4])
 def test_kv_caches_follow_the_sequence(target, gamma):
-    proposer = DraftModelProposer(perturbed(target, scale=0.01), vocab_size=64, device=CPU)
+    proposer = DraftModelProposer(perturbed(target, scale=0.01), vocab_size=64, device=DEVICE)
     states: list[tuple[StepState, int]] = []
     generate(target, proposer, PROMPT, gamma=gamma, temperature=0.0, max_new_tokens=MAX_NEW,
              on_step=lambda state: states.append((state, kv.cache_length(proposer.cache))))
@@ -136,7 +135,7 @@ def test_prompt_is_prefilled_once(target):
     handle = target.register_forward_hook(lambda module, args, kwargs, out: lengths.append(kwargs["input_ids"].shape[1]),
                                           with_kwargs=True)
     try:
-        trace = generate(target, NgramProposer(device=CPU), PROMPT, gamma=3, temperature=0.0, max_new_tokens=MAX_NEW)
+        trace = generate(target, NgramProposer(device=DEVICE), PROMPT, gamma=3, temperature=0.0, max_new_tokens=MAX_NEW)
     finally:
         handle.remove()
     assert lengths[0] == len(PROMPT)
@@ -146,7 +145,7 @@ def test_prompt_is_prefilled_once(target):
 
 def test_max_new_tokens_is_exact(target):
     for max_new in (1, 2, 5, 17):
-        trace = generate(target, NgramProposer(device=CPU), PROMPT, gamma=6, temperature=0.0, max_new_tokens=max_new)
+        trace = generate(target, NgramProposer(device=DEVICE), PROMPT, gamma=6, temperature=0.0, max_new_tokens=max_new)
         assert trace.output_tokens == max_new
         check_accounting(trace, gamma=6)
 

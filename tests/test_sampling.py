@@ -16,9 +16,8 @@ from scipy.stats import chisquare
 from specbench.engine import BaselineProposer, DraftModelProposer, NgramProposer, generate, logits_to_probs
 from specbench.engine import decode
 from specbench.engine.sampling import leading_accepts, sample, verify_sampling
-from tiny import perturbed, tiny_llama
+from tiny import DEVICE, perturbed, tiny_llama
 
-CPU = torch.device("cpu")
 VOCAB = 16
 P_MIN = 1e-3  # the fit is rejected below this p-value
 
@@ -112,7 +111,7 @@ def setup():
     greedy continuation of its start (so that prompt lookup finds likely tokens)."""
     target = tiny_llama(vocab_size=VOCAB, layers=1, hidden=32, seed=3, init_std=0.3)
     start = [3, 7, 1, 12, 5]
-    continuation = generate(target, BaselineProposer(CPU), start, gamma=1, temperature=0.0, max_new_tokens=14)
+    continuation = generate(target, BaselineProposer(DEVICE), start, gamma=1, temperature=0.0, max_new_tokens=14)
     return target, perturbed(target, scale=0.3), start + list(continuation.output_ids)
 
 
@@ -121,9 +120,9 @@ def exact_joint(model, prompt: list[int], *, temperature: float, top_p: float) -
     joint, prefixes = np.array([1.0]), [()]
     with torch.no_grad():
         for _ in range(3):
-            batch = torch.tensor([prompt + list(prefix) for prefix in prefixes])
+            batch = torch.tensor([prompt + list(prefix) for prefix in prefixes], device=DEVICE)
             next_probs = logits_to_probs(model(batch).logits[:, -1], temperature=temperature, top_p=top_p)
-            joint = (joint[:, None] * next_probs.double().numpy()).reshape(-1)
+            joint = (joint[:, None] * next_probs.double().cpu().numpy()).reshape(-1)
             prefixes = [prefix + (token,) for prefix, token in itertools.product(prefixes, range(VOCAB))]
     return joint.reshape(VOCAB, VOCAB, VOCAB)
 
@@ -150,8 +149,8 @@ def pair_p_values(counts: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
 
 def proposer_factory(method: str, draft):
     if method == "draft":
-        return lambda: DraftModelProposer(draft, vocab_size=VOCAB, device=CPU)
-    return lambda: NgramProposer(ngram_min=1, ngram_max=2, device=CPU)
+        return lambda: DraftModelProposer(draft, vocab_size=VOCAB, device=DEVICE)
+    return lambda: NgramProposer(ngram_min=1, ngram_max=2, device=DEVICE)
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram"])

@@ -1,11 +1,16 @@
-"""Tiny random Llama-style models built from a config: fast, offline, deterministic."""
+"""Tiny random Llama-style models built from a config: fast, offline, deterministic.
+
+SPECBENCH_TEST_DEVICE=cuda puts them (and the engine tests that use DEVICE) on a GPU."""
 
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+DEVICE = torch.device(os.environ.get("SPECBENCH_TEST_DEVICE", "cpu"))
 
 
 def tiny_llama(
@@ -18,7 +23,7 @@ def tiny_llama(
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=init_std,
     )
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(config).to(DEVICE).eval()
 
 
 def perturbed(model: LlamaForCausalLM, *, scale: float, seed: int = 1) -> LlamaForCausalLM:
@@ -27,7 +32,7 @@ def perturbed(model: LlamaForCausalLM, *, scale: float, seed: int = 1) -> LlamaF
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in draft.parameters():
-            parameter.add_(scale * torch.randn(parameter.shape, generator=generator))
+            parameter.add_(scale * torch.randn(parameter.shape, generator=generator).to(parameter.device))
     return draft
 
 
