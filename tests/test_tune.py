@@ -17,6 +17,8 @@ from specbench import stats
 from specbench.cli import app
 from specbench.tune import TuneSettings, parse_objective, tune
 from specbench.tune import evaluate
+from specbench.tune.propose import MAX_DUPLICATES_IN_A_ROW, Proposal, next_queued
+from specbench.tune.space import space_from_profile
 from specbench.tune.warmstart import Calibration, predicted_speedup
 from tiny import WORDS, perturbed, tiny_llama, write_model_folder
 
@@ -155,6 +157,38 @@ def test_the_warm_start_prediction_is_leviathan_with_geometric_acceptance():
         expected = stats.predicted_speedup(alpha=alpha, gamma=gamma, draft_s_per_token=0.5, verify_s=verify,
                                            target_s_per_token=10.0)
         assert predicted_speedup(calibration, gamma) == pytest.approx(expected)
+
+
+def test_the_queue_proposes_calibration_then_warm_start_then_an_unclaimed_point_once_the_sampler_converged():
+    space = space_from_profile(evaluate.Replay(GRID).profile, tune_ngram=False)
+    study = optuna.create_study(direction="maximize")
+    distributions = {"draft": optuna.distributions.CategoricalDistribution([d.name for d in space.drafts]),
+                     "gamma": optuna.distributions.IntDistribution(space.gamma_low, space.gamma_high)}
+
+    def add(params, *, role, state=optuna.trial.TrialState.COMPLETE):
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions, state=state,
+                                                  value=1.0 if state.name == "COMPLETE" else None,
+                                                  user_attrs={"role": role}))
+
+    def proposed():
+        return next_queued(study, len(study.trials), space=space, seed=0)
+
+    for config in space.calibration_configs():  # one per draft at the largest gamma, each until a trial holds it
+        assert proposed() == Proposal(space.params(config), {"role": "calibration"})
+        add(space.params(config), role="calibration")
+    assert proposed() is None  # no warm start yet: the sampler proposes
+    study.set_user_attr("warm_start", {"predictions": [], "queued": [[{"draft": "small", "gamma": 4}, 1.8],
+                                                                     [{"draft": "small", "gamma": 3}, 1.7]]})
+    add({"draft": "small", "gamma": 4}, role="search")  # held by another worker's trial already
+    assert proposed() == Proposal({"draft": "small", "gamma": 3}, {"role": "warm_start", "predicted_speedup": 1.7})
+    add({"draft": "small", "gamma": 3}, role="warm_start")
+    assert proposed() is None
+    for _ in range(MAX_DUPLICATES_IN_A_ROW):
+        add({"draft": "small", "gamma": 3}, role="duplicate", state=optuna.trial.TrialState.FAIL)
+    held = {tuple(sorted(t.params.items())) for t in study.trials}
+    unclaimed = proposed()
+    assert unclaimed.attrs == {"role": "search"} and tuple(sorted(unclaimed.params.items())) not in held
+    assert proposed() == unclaimed  # seeded
 
 
 def test_the_smaller_gamma_wins_a_near_tie():

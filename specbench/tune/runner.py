@@ -1,18 +1,19 @@
 """`specbench tune`: plan the studies, run the search in one or more workers, write what it found.
 
-One study per temperature (and top_p). A worker measures the baseline, enqueues one calibration trial
-per draft at the largest gamma, then the configurations the analytic model predicts best, then lets
-the seeded TPE sampler propose the rest; every proposal goes through the claim rule of `study`, so
-workers in any number of processes and machines share a study with no point run twice.
+One study per temperature (and top_p). A worker measures the baseline, then asks for trials: each
+proposes the first point of the queue of `propose` that no trial holds (one calibration point per draft
+at the largest gamma, then the configurations the analytic model predicts best), else what the seeded
+TPE sampler proposes; every proposal goes through the claim rule of `study`, so workers in any number of
+processes and machines share a study with no point run twice.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-import random
 import warnings
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,14 +27,13 @@ from specbench.sweep import RunFiles, prepare
 from specbench.tune import outputs
 from specbench.tune.evaluate import Evaluator, Live, Pruned, Replay
 from specbench.tune.measure import NotMeasured, measure
+from specbench.tune.propose import QueueFirst, next_queued, record_warm_start
 from specbench.tune.space import Constraints, Objective, SearchSpace, TuneError, space_from_profile, temperature_groups
 from specbench.tune.study import (
     DEFAULT_STORAGE_FILE, check_study, claims, fail_stale_trials, new_worker_id, open_storage, open_study,
     storage_url, study_name, verdict,
 )
-from specbench.tune.warmstart import Calibration, calibrate, predicted_speedup
-
-_MAX_DUPLICATES_IN_A_ROW = 20  # then try an unclaimed point at random: the sampler has converged
+from specbench.tune.warmstart import calibrate
 
 
 @dataclass(frozen=True)
@@ -201,13 +201,12 @@ def work(plan: Plan, *, worker_index: int, observer: TuneObserver) -> None:
     evaluator = _evaluator(plan, observer)
     storage = open_storage(plan.storage_url)
     for group in plan.groups:
+        sampler = _sampler(plan, worker_index)
         study = open_study(storage, group.study, plan.attrs(group), directions=list(plan.settings.objective.directions),
-                           sampler=_sampler(plan, worker_index), pruner=_pruner(plan))
+                           sampler=sampler, pruner=_pruner(plan))
         fail_stale_trials(study, worker=worker)
         baseline, baseline_rows = evaluator.baseline(group.temperature, group.top_p)
-        for config in plan.space.calibration_configs():
-            study.enqueue_trial(plan.space.params(config), user_attrs={"role": "calibration"}, skip_if_exists=True)
-        _search(study, group, plan=plan, evaluator=evaluator, worker=worker, baseline=baseline,
+        _search(study, group, plan=plan, sampler=sampler, evaluator=evaluator, worker=worker, baseline=baseline,
                 baseline_rows=baseline_rows, observer=observer)
 
 
@@ -220,14 +219,15 @@ def _evaluator(plan: Plan, observer: TuneObserver) -> Evaluator:
     return Live(ctx, files)
 
 
-def _sampler(plan: Plan, worker_index: int) -> optuna.samplers.BaseSampler:
+def _sampler(plan: Plan, worker_index: int) -> QueueFirst:
     constraints = plan.settings.constraints
     has_constraints = constraints.max_peak_memory_mb is not None or constraints.min_acceptance_rate is not None
-    return optuna.samplers.TPESampler(
+    tpe = optuna.samplers.TPESampler(
         seed=plan.settings.seed + 1000 * worker_index, n_startup_trials=len(plan.space.drafts), multivariate=True,
         group=True, warn_independent_sampling=False,
         constraints_func=_constraint_values if has_constraints else None,
     )
+    return QueueFirst(partial(next_queued, space=plan.space, seed=plan.settings.seed), tpe)
 
 
 def _constraint_values(trial: optuna.trial.FrozenTrial) -> list[float]:
@@ -241,20 +241,20 @@ def _pruner(plan: Plan) -> optuna.pruners.BasePruner:
     return optuna.pruners.PercentilePruner(75.0, n_startup_trials=4, n_warmup_steps=1)
 
 
-def _search(study: optuna.Study, group: Group, *, plan: Plan, evaluator: Evaluator, worker: str, baseline,
-            baseline_rows: pd.DataFrame, observer: TuneObserver) -> None:
+def _search(study: optuna.Study, group: Group, *, plan: Plan, sampler: QueueFirst, evaluator: Evaluator, worker: str,
+            baseline, baseline_rows: pd.DataFrame, observer: TuneObserver) -> None:
     budget = min(plan.settings.trials, len(plan.space.configs()))
-    duplicates_in_a_row = 0
     while True:
         held = claims(study.get_trials(deepcopy=False), budget=budget)
         if held.counted >= budget or len(held.points) >= len(plan.space.configs()):
             return
-        _warm_start(study, plan, held.points)
-        trial = study.ask()
+        record_warm_start(study, space=plan.space, count=plan.settings.warm_start)
+        trial = study.ask()  # proposes the first queued point that no trial holds, else what TPE proposes
         try:
             trial.set_user_attr("worker", worker)
-            if trial.user_attrs.get("role") not in ("calibration", "warm_start"):
-                trial.set_user_attr("role", "search")
+            proposal = sampler.proposal(trial.number)
+            for key, value in (proposal.attrs if proposal is not None else {"role": "search"}).items():
+                trial.set_user_attr(key, value)
             config = plan.space.suggest(trial)
             spec = plan.space.point(config, temperature=group.temperature, top_p=group.top_p)
             trial.set_user_attr("point_id", spec.point_id)
@@ -264,12 +264,7 @@ def _search(study: optuna.Study, group: Group, *, plan: Plan, evaluator: Evaluat
                 study.tell(trial, state=TrialState.FAIL)
                 if decision == "surplus":
                     return
-                duplicates_in_a_row += 1
-                if duplicates_in_a_row >= _MAX_DUPLICATES_IN_A_ROW:
-                    _enqueue_unclaimed(study, plan, trial.number)
-                    duplicates_in_a_row = 0
                 continue
-            duplicates_in_a_row = 0
             row = _run_trial(study, trial, spec, config=config, plan=plan, evaluator=evaluator, baseline=baseline,
                              baseline_rows=baseline_rows)
         except BaseException:
@@ -335,38 +330,6 @@ def _set_measurement(trial: optuna.Trial, measured, plan: Plan, *, evaluated: bo
     trial.set_user_attr("noise", measured.noise)
     trial.set_user_attr("evaluated", evaluated)
     trial.set_user_attr("constraints", plan.settings.constraints.violations(measured.metrics))
-
-
-def _warm_start(study: optuna.Study, plan: Plan, claimed: dict[tuple, int]) -> None:
-    """Once every calibration trial has finished: predict every configuration of the calibrated drafts
-    and enqueue the best unclaimed ones."""
-    if plan.settings.warm_start == 0 or "warm_start" in study.user_attrs:
-        return
-    trials = study.get_trials(deepcopy=False)
-    calibration_trials = [t for t in trials if t.user_attrs.get("role") == "calibration"]
-    if not calibration_trials or any(not t.state.is_finished() for t in calibration_trials):
-        return
-    calibrations = {(t.params["draft"], t.params.get("ngram_max")): Calibration.from_dict(t.user_attrs["calibration"])
-                    for t in calibration_trials if t.state == TrialState.COMPLETE and "calibration" in t.user_attrs}
-    predictions = []
-    for config in plan.space.configs():
-        params = plan.space.params(config)
-        calibration = calibrations.get((config.draft, params.get("ngram_max")))
-        if calibration is not None:
-            predictions.append((params, predicted_speedup(calibration, config.gamma)))
-    predictions.sort(key=lambda item: -item[1])
-    study.set_user_attr("warm_start", {"predictions": [[p, round(v, 6)] for p, v in predictions]})
-    chosen = [(p, v) for p, v in predictions if tuple(sorted(p.items())) not in claimed][: plan.settings.warm_start]
-    for params, value in chosen:
-        study.enqueue_trial(params, user_attrs={"role": "warm_start", "predicted_speedup": value}, skip_if_exists=True)
-
-
-def _enqueue_unclaimed(study: optuna.Study, plan: Plan, number: int) -> None:
-    held = claims(study.get_trials(deepcopy=False), budget=None).points
-    unclaimed = [c for c in plan.space.configs() if tuple(sorted(plan.space.params(c).items())) not in held]
-    if unclaimed:
-        config = random.Random(plan.settings.seed * 100_003 + number).choice(unclaimed)
-        study.enqueue_trial(plan.space.params(config), user_attrs={"role": "search"})
 
 
 def finish(plan: Plan) -> TuneResult:
