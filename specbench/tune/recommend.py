@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specbench.models import builtin_gguf_path
+from specbench.models import BUILTIN_MODELS, BUILTIN_PREFIX, builtin_gguf_path
 from specbench.tune.space import Objective
 
 
@@ -41,29 +41,31 @@ def pareto_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def engine_settings(row: dict[str, Any] | None, *, target: str, temperature: float, top_p: float) -> dict[str, Any]:
-    """Ready-to-use settings for vLLM, transformers `generate()` and the llama.cpp server. Model paths
-    are the profile's references (a builtin model becomes its local GGUF file where available)."""
+    """Ready-to-use settings for vLLM, transformers `generate()` and the llama.cpp server. A builtin model
+    is its Hugging Face repository for vLLM and transformers (they load the original weights) and its
+    local GGUF file for llama.cpp; other references are passed through as the profile gave them."""
     sampling = {"do_sample": temperature > 0, **({"temperature": temperature, "top_p": top_p} if temperature > 0 else {})}
     llama_sampling = ["--temp", f"{temperature:g}", "--top-p", f"{top_p:g}"]
+    notes = [_builtin_note(ref) for ref in dict.fromkeys([target, (row or {}).get("draft_model")]) if _builtin_note(ref)]
     if row is None:
         return {"vllm": {"speculative_config": None, "args": []},
                 "transformers": {"generate_kwargs": sampling},
-                "llama_cpp": {"server_args": ["-m", _path(target), *llama_sampling]},
-                "notes": ["no speculation: serve the target alone"]}
-    gamma, notes = int(row["gamma"]), []
+                "llama_cpp": {"server_args": ["-m", _gguf(target), *llama_sampling]},
+                "notes": ["no speculation: serve the target alone", *notes]}
+    gamma = int(row["gamma"])
     if row["method"] == "ngram":
         speculative = {"method": "ngram", "num_speculative_tokens": gamma,
                        "prompt_lookup_min": int(row["ngram_min"]), "prompt_lookup_max": int(row["ngram_max"])}
         generate = {**sampling, "prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": int(row["ngram_max"])}
-        llama = ["-m", _path(target), "--draft", str(gamma), *llama_sampling]
+        llama = ["-m", _gguf(target), "--draft", str(gamma), *llama_sampling]
         notes.append("llama.cpp: the server drafts only with a draft model; prompt lookup is its "
                      "llama-lookup example, run with these arguments")
     else:
-        draft = _path(row["draft_model"])
-        speculative = {"model": draft, "num_speculative_tokens": gamma}
-        generate = {**sampling, "assistant_model": draft, "num_assistant_tokens": gamma,
+        speculative = {"model": _hub(row["draft_model"]), "num_speculative_tokens": gamma}
+        generate = {**sampling, "assistant_model": _hub(row["draft_model"]), "num_assistant_tokens": gamma,
                     "num_assistant_tokens_schedule": "constant"}
-        llama = ["-m", _path(target), "-md", draft, "--draft-max", str(gamma), "--draft-min", "0", *llama_sampling]
+        llama = ["-m", _gguf(target), "-md", _gguf(row["draft_model"]), "--draft-max", str(gamma), "--draft-min", "0",
+                 *llama_sampling]
         notes.append("transformers: load assistant_model with AutoModelForCausalLM.from_pretrained(path) and pass "
                      "the model object")
         if row.get("draft_quantize"):
@@ -76,8 +78,30 @@ def engine_settings(row: dict[str, Any] | None, *, target: str, temperature: flo
             "notes": notes}
 
 
-def _path(reference: str) -> str:
-    if reference.startswith("builtin:"):
-        path = builtin_gguf_path(reference.removeprefix("builtin:"))
-        return str(path) if path is not None else reference
-    return reference
+def _builtin(reference: str | None):
+    if reference is None or not reference.startswith(BUILTIN_PREFIX):
+        return None
+    return BUILTIN_MODELS.get(reference.removeprefix(BUILTIN_PREFIX))
+
+
+def _hub(reference: str) -> str:
+    """For vLLM and transformers: a builtin's Hugging Face repository."""
+    builtin = _builtin(reference)
+    return builtin.hub_id if builtin is not None and builtin.hub_id else reference
+
+
+def _gguf(reference: str) -> str:
+    """For llama.cpp: a builtin's local GGUF file (its name when not fetched yet)."""
+    builtin = _builtin(reference)
+    if builtin is None:
+        return reference
+    path = builtin_gguf_path(builtin.name)
+    return str(path) if path is not None else builtin.filename
+
+
+def _builtin_note(reference: str | None) -> str | None:
+    builtin = _builtin(reference)
+    if builtin is None or not builtin.hub_id:
+        return None
+    return (f"{reference} is {builtin.hub_id}; specbench measured its GGUF {builtin.filename} dequantised, "
+            "so an engine serving the original weights may accept slightly differently")
