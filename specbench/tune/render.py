@@ -51,22 +51,23 @@ def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
     return Panel(Group(*lines), title=title, title_align="left")
 
 
-def trials_table(trials: pd.DataFrame) -> Table:
-    table = Table(title="trials", title_justify="left")
-    for column in ("study", "#", "role", "point", "state", "objective", "speedup", "accept", "peak MB", "pred."):
-        table.add_column(column, justify="right" if column in ("#", "objective", "speedup", "accept", "peak MB", "pred.")
-                         else "left", no_wrap=column in ("point", "study"))
+def trials_table(study: str, trials: pd.DataFrame) -> Table:
+    """One study's trials that ran (duplicates and surplus trials ran nothing)."""
+    table = Table(title=f"trials of {study}", title_justify="left")
+    for column in ("#", "role", "point", "state", "objective", "speedup", "accept", "peak MB", "warm-start pred."):
+        table.add_column(column, justify="left" if column in ("role", "point", "state") else "right",
+                         no_wrap=column in ("role", "point", "state"))
     shown = trials[~trials["role"].isin(["duplicate", "surplus"])]
     for row in shown.to_dict("records"):
-        table.add_row(_text(row["study"]), str(row["number"]), _text(row["role"]), _text(row["point_id"]),
-                      _text(row["state"]).lower(),
+        table.add_row(str(row["number"]), _text(row["role"]), _text(row["point_id"]), _text(row["state"]).lower(),
                       _fmt(row["value"], ".4g"), _fmt(row["speedup"]), _fmt(row["acceptance_rate"], ".0%"),
-                      _fmt(row["peak_memory_mb"], ".0f"), _fmt(row["predicted_speedup"]))
+                      _fmt(row["peak_memory_mb"], ".0f"), _fmt(row["warm_start_prediction"]))
     return table
 
 
 def print_tune_summary(console: Console, trials: pd.DataFrame, recommendation: dict[str, Any], out_dir: str) -> None:
-    console.print(trials_table(trials))
+    for study, group in trials.groupby("study", sort=False):
+        console.print(trials_table(str(study), group))
     console.print(recommendation_panel(recommendation))
     console.print(f"results: {out_dir}  (trials.parquet, recommendation.json, recommendation.toml)")
 
