@@ -16,10 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import multiprocessing
-import os
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -27,13 +25,14 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from specbench import results
-from specbench.profile import Profile, with_overrides
+from specbench.profile import Profile
 from specbench.results import PointSpec
 from specbench.sweep import RunFiles, RunResult, SweepObserver, _Silent, evaluate_point, plan_points, point_key, prepare
 from specbench.tune.space import TuneError
 from specbench.tune.study import (
     check_study, claims, fail_stale_trials, new_worker_id, open_storage, open_study, storage_url, verdict,
 )
+from specbench.workers import run_workers
 
 PARAM = "point_id"
 
@@ -65,7 +64,7 @@ def run_grid(profile: Profile, *, out_dir: Path, storage: str | None = None, stu
         _clear(plan, store)
     if workers == 1:
         return work(plan, observer=observer)
-    _run_workers(plan, workers, observer)
+    run_workers(_worker_main, plan, workers=workers, observer=observer)
     return _read_result(out_dir)
 
 
@@ -204,44 +203,7 @@ def _clear(plan: GridPlan, storage) -> None:
         (plan.out_dir / name).unlink(missing_ok=True)
 
 
-def _run_workers(plan: GridPlan, workers: int, observer: SweepObserver) -> None:
-    """N local worker processes; with GPUs, one per visible GPU (round robin) via CUDA_VISIBLE_DEVICES."""
-    import torch
-
-    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(torch.cuda.device_count()))))
-    gpus = [g for g in gpus.split(",") if g.strip()] if plan.profile.device != "cpu" else []
-    context = multiprocessing.get_context("spawn")
-    processes = []
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    try:
-        for index in range(workers):
-            worker_plan = plan
-            if gpus:
-                os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
-                worker_plan = replace(plan, profile=with_overrides(plan.profile, device="cuda"))
-            threads = 0 if gpus else max(1, (os.cpu_count() or 1) // workers)  # CPU workers split the cores
-            process = context.Process(target=_worker_main, args=(worker_plan, threads), name=f"specbench-run-{index}")
-            process.start()
-            processes.append(process)
-            observer.message(f"worker {index} started (pid {process.pid})"
-                             + (f" on GPU {os.environ['CUDA_VISIBLE_DEVICES']}" if gpus else ""))
-    finally:
-        if saved is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
-    for process in processes:
-        process.join()
-    failed = [p.name for p in processes if p.exitcode != 0]
-    if failed:
-        raise RuntimeError(f"worker processes failed: {', '.join(failed)} (see their messages above)")
-
-
-def _worker_main(plan: GridPlan, threads: int) -> None:
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
+def _worker_main(plan: GridPlan, index: int) -> None:
     work(plan, observer=_Silent())
 
 

@@ -9,8 +9,6 @@ processes and machines share a study with no point run twice.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import warnings
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -22,7 +20,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from specbench import results
-from specbench.profile import Profile, with_overrides
+from specbench.profile import Profile
 from specbench.sweep import RunFiles, prepare
 from specbench.tune import outputs
 from specbench.tune.evaluate import Evaluator, Live, Pruned, Replay
@@ -34,6 +32,7 @@ from specbench.tune.study import (
     storage_url, study_name, verdict,
 )
 from specbench.tune.warmstart import calibrate
+from specbench.workers import run_workers
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,7 @@ def tune(profile: Profile | None, *, out_dir: Path, settings: TuneSettings, repl
     if settings.workers == 1:
         work(plan, worker_index=0, observer=observer)
     else:
-        _run_workers(plan, observer)
+        run_workers(_worker_main, plan, workers=settings.workers, observer=observer)
     return finish(plan)
 
 
@@ -155,38 +154,6 @@ def _clear(plan: Plan) -> None:
         names += [results.REQUESTS_FILE, results.POINTS_FILE, results.MANIFEST_FILE]
     for name in names:
         (plan.out_dir / name).unlink(missing_ok=True)
-
-
-def _run_workers(plan: Plan, observer: TuneObserver) -> None:
-    """N local worker processes; with GPUs, one per visible GPU (round robin) via CUDA_VISIBLE_DEVICES."""
-    import torch
-
-    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(torch.cuda.device_count()))))
-    gpus = [g for g in gpus.split(",") if g.strip()] if plan.profile.device != "cpu" else []
-    context = multiprocessing.get_context("spawn")
-    processes = []
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    try:
-        for index in range(plan.settings.workers):
-            worker_plan = plan
-            if gpus:
-                os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
-                worker_plan = replace(plan, profile=with_overrides(plan.profile, device="cuda"))
-            process = context.Process(target=_worker_main, args=(worker_plan, index), name=f"specbench-tune-{index}")
-            process.start()
-            processes.append(process)
-            observer.message(f"worker {index} started (pid {process.pid})"
-                             + (f" on GPU {os.environ['CUDA_VISIBLE_DEVICES']}" if gpus else ""))
-    finally:
-        if saved is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
-    for process in processes:
-        process.join()
-    failed = [p.name for p in processes if p.exitcode != 0]
-    if failed:
-        raise RuntimeError(f"worker processes failed: {', '.join(failed)} (see their messages above)")
 
 
 def _worker_main(plan: Plan, index: int) -> None:

@@ -1,0 +1,77 @@
+"""Local worker processes for `specbench run --workers N` and `specbench tune --workers N`.
+
+Each worker is a spawned process (CUDA does not survive a fork) that runs `target(plan, index)`. Where the
+profile is not on the cpu, each worker sees one GPU, round robin over the visible ones, through
+CUDA_VISIBLE_DEVICES; on the cpu, the workers split the cores between them (torch.set_num_threads).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol, TypeVar
+
+from specbench.profile import Profile, with_overrides
+
+
+class WorkerPlan(Protocol):
+    """A dataclass a worker receives (pickled): what it runs, with the profile it runs it on."""
+
+    profile: Profile
+
+
+class WorkerObserver(Protocol):
+    def message(self, text: str) -> None: ...
+
+
+PlanT = TypeVar("PlanT", bound=WorkerPlan)
+
+
+def run_workers(target: Callable[[PlanT, int], None], plan: PlanT, *, workers: int,
+                observer: WorkerObserver) -> None:
+    """Run `target(plan, index)` for each index in 0..workers-1, each in its own process, and wait for all.
+    `target` must be a module-level function (the spawned process imports it)."""
+    gpus = _visible_gpus() if plan.profile.device != "cpu" else []
+    threads = 0 if gpus else max(1, (os.cpu_count() or 1) // workers)
+    context = multiprocessing.get_context("spawn")
+    processes = []
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        for index in range(workers):
+            worker_plan = plan
+            if gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]  # inherited by the process started now
+                worker_plan = replace(plan, profile=with_overrides(plan.profile, device="cuda"))
+            process = context.Process(target=_worker_main, args=(target, worker_plan, index, threads),
+                                      name=f"specbench-worker-{index}")
+            process.start()
+            processes.append(process)
+            observer.message(f"worker {index} started (pid {process.pid})"
+                             + (f" on GPU {os.environ['CUDA_VISIBLE_DEVICES']}" if gpus else ""))
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    for process in processes:
+        process.join()
+    failed = [p.name for p in processes if p.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"worker processes failed: {', '.join(failed)} (see their messages above)")
+
+
+def _worker_main(target: Callable[[PlanT, int], None], plan: PlanT, index: int, threads: int) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    target(plan, index)
+
+
+def _visible_gpus() -> list[str]:
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(torch.cuda.device_count()))))
+    return [gpu.strip() for gpu in visible.split(",") if gpu.strip()]
