@@ -20,6 +20,7 @@ from specbench.report.terminal import print_report
 from specbench.sweep import ResumeError, run_sweep
 from specbench.tune import OBJECTIVES, Constraints, TuneError, TuneSettings, parse_objective, tune as run_tune
 from specbench.tune.render import TuneProgress, print_tune_summary
+from specbench.workers import WorkerError
 from specbench.workloads import WorkloadError
 
 app = typer.Typer(
@@ -30,6 +31,7 @@ models_app = typer.Typer(help="Builtin models: list them, or fetch one for offli
 app.add_typer(models_app, name="models")
 
 BAD_INPUT = (ProfileError, WorkloadError, ModelError, ResumeError, DeviceError, TuneError)
+ONE_LINE = (*BAD_INPUT, WorkerError)  # errors shown as one line, exit code 2
 
 
 def _console(*, stderr: bool = False) -> Console:
@@ -73,7 +75,7 @@ def run(
             else:
                 result = run_grid(loaded, out_dir=out_dir, storage=storage, study=study, workers=workers, fresh=fresh,
                                   observer=progress)
-    except BAD_INPUT as error:
+    except ONE_LINE as error:
         _fail(str(error))
     print_run_summary(console, result.points, str(out_dir))
     if json_output:
@@ -123,7 +125,7 @@ def tune(
         out_dir = out or Path("results") / f"{name}-tune"
         console = _console(stderr=json_output)
         result = run_tune(loaded, out_dir=out_dir, settings=settings, replay=replay, observer=TuneProgress(console))
-    except BAD_INPUT as error:
+    except ONE_LINE as error:
         _fail(str(error))
     print_tune_summary(console, result.trials, result.recommendation, str(out_dir))
     if json_output:

@@ -3,17 +3,27 @@
 Each worker is a spawned process (CUDA does not survive a fork) that runs `target(plan, index)`. Where the
 profile is not on the cpu, each worker sees one GPU, round robin over the visible ones, through
 CUDA_VISIBLE_DEVICES; on the cpu, the workers split the cores between them (torch.set_num_threads).
+A worker that fails sends its error's one line back; the launcher raises WorkerError naming the worker.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import replace
+from multiprocessing.queues import SimpleQueue
 from typing import Protocol, TypeVar
 
 from specbench.profile import Profile, with_overrides
+from specbench.sweep import _one_line
+
+
+class WorkerError(RuntimeError):
+    """A local worker process failed; the message is one line: which worker, and why."""
 
 
 class WorkerPlan(Protocol):
@@ -32,10 +42,12 @@ PlanT = TypeVar("PlanT", bound=WorkerPlan)
 def run_workers(target: Callable[[PlanT, int], None], plan: PlanT, *, workers: int,
                 observer: WorkerObserver) -> None:
     """Run `target(plan, index)` for each index in 0..workers-1, each in its own process, and wait for all.
-    `target` must be a module-level function (the spawned process imports it)."""
+    `target` must be a module-level function (the spawned process imports it). Raises WorkerError when a
+    worker failed."""
     gpus = _visible_gpus() if plan.profile.device != "cpu" else []
     threads = 0 if gpus else max(1, (os.cpu_count() or 1) // workers)
     context = multiprocessing.get_context("spawn")
+    errors = context.SimpleQueue()  # (index, the error's one line) from each worker that raised
     processes = []
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
@@ -44,7 +56,7 @@ def run_workers(target: Callable[[PlanT, int], None], plan: PlanT, *, workers: i
             if gpus:
                 os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]  # inherited by the process started now
                 worker_plan = replace(plan, profile=with_overrides(plan.profile, device="cuda"))
-            process = context.Process(target=_worker_main, args=(target, worker_plan, index, threads),
+            process = context.Process(target=_worker_main, args=(target, worker_plan, index, threads, errors),
                                       name=f"specbench-worker-{index}")
             process.start()
             processes.append(process)
@@ -57,17 +69,38 @@ def run_workers(target: Callable[[PlanT, int], None], plan: PlanT, *, workers: i
             os.environ["CUDA_VISIBLE_DEVICES"] = saved
     for process in processes:
         process.join()
-    failed = [p.name for p in processes if p.exitcode != 0]
+    reasons = {}
+    while not errors.empty():
+        index, reason = errors.get()
+        reasons[index] = reason
+    failed = [index for index, process in enumerate(processes) if process.exitcode != 0]
     if failed:
-        raise RuntimeError(f"worker processes failed: {', '.join(failed)} (see their messages above)")
+        first = failed[0]
+        others = failed[1:]
+        also = f" (worker{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} failed too)" if others else ""
+        reason = reasons.get(first) or _exit_reason(processes[first].exitcode)
+        raise WorkerError(f"worker {first} of {workers} failed: {reason}{also}")
 
 
-def _worker_main(target: Callable[[PlanT, int], None], plan: PlanT, index: int, threads: int) -> None:
+def _worker_main(target: Callable[[PlanT, int], None], plan: PlanT, index: int, threads: int,
+                 errors: SimpleQueue) -> None:
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    target(plan, index)
+    try:
+        target(plan, index)
+    except Exception as error:  # noqa: BLE001 - reported to the launcher as one line
+        if not isinstance(error, ValueError):  # bad input (a ValueError) is its one line; a bug keeps its traceback
+            traceback.print_exc()
+        errors.put((index, _one_line(error)))
+        sys.exit(1)
+
+
+def _exit_reason(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    return f"exit code {exitcode}"
 
 
 def _visible_gpus() -> list[str]:

@@ -1,0 +1,22 @@
+"""Local worker processes (`--workers N` of `specbench run` and `specbench tune`): a worker that fails is one
+line naming the worker and its error, exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from test_sweep import models_dir, project  # noqa: F401 - fixtures
+
+
+@pytest.mark.parametrize("command", ["run", "tune"])
+def test_a_failed_worker_is_one_line_naming_it_and_exit_2(project, command):
+    target = project / "target"
+    target.unlink()
+    target.mkdir()  # it exists, so the profile is valid; without a config.json each worker fails to load it
+    result = CliRunner().invoke(app, [command, "tiny.toml", "--workers", "2", "--out", "out"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (f"error: worker 0 of 2 failed: ModelError: model folder has no config.json: "
+                                     f"{target}; point to a Hugging Face model folder (worker 1 failed too)")
+    assert "Traceback" not in result.output
