@@ -7,11 +7,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
 import optuna
 import pytest
+
+from specbench.tune.study import verdict
 
 GRID = Path(__file__).parent / "fixtures" / "synthetic-grid"
 TRIALS = 12
@@ -65,3 +69,23 @@ def test_local_workers_share_the_default_study(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     for temperature in ("0", "0.8"):
         assert_shared_without_duplicates(storage, f"local-t{temperature}-p1")
+
+
+def test_a_trial_is_judged_after_every_earlier_trial_has_all_its_parameters():
+    """Parameters are set one at a time: a trial whose point is half set must not look unclaimed."""
+    study = optuna.create_study(sampler=optuna.samplers.PartialFixedSampler({"draft": "small", "gamma": 3},
+                                                                            optuna.samplers.RandomSampler()))
+    first, second = study.ask(), study.ask()  # both propose small at gamma 3
+    first.suggest_categorical("draft", ["small", "large"])  # its gamma is not set yet
+    second.suggest_categorical("draft", ["small", "large"])
+    second.suggest_int("gamma", 1, 4)
+
+    def finish_first():
+        time.sleep(0.2)
+        first.suggest_int("gamma", 1, 4)
+        verdict(study, first, budget=None)
+
+    thread = threading.Thread(target=finish_first)
+    thread.start()
+    assert verdict(study, second, budget=None) == "duplicate"
+    thread.join()

@@ -150,12 +150,14 @@ def claims(trials: list[FrozenTrial], *, budget: int | None) -> Claims:
 
 
 def verdict(study: optuna.Study, trial: optuna.Trial, *, budget: int | None, wait_s: float = 30.0) -> str:
-    """'run', 'duplicate' or 'surplus' for a trial whose parameters are set. Waits (briefly) until every
-    earlier trial has its parameters, so that all workers judge the same history."""
+    """'run', 'duplicate' or 'surplus' for a trial whose parameters are all set. Waits (briefly) until every
+    earlier trial has all its parameters, so that all workers judge the same history: a trial sets its
+    parameters one at a time, and says it has them all by asking for its verdict (`proposed`)."""
+    trial.set_user_attr("proposed", True)
     deadline = time.monotonic() + wait_s
     while True:
         earlier = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
-        pending = [t for t in earlier if t.state == TrialState.RUNNING and not t.params]
+        pending = [t for t in earlier if t.state == TrialState.RUNNING and not t.user_attrs.get("proposed")]
         if not pending or time.monotonic() > deadline:
             break
         time.sleep(0.05)
