@@ -191,7 +191,7 @@ def _sampler(plan: Plan, worker_index: int) -> QueueFirst:
     has_constraints = constraints.max_peak_memory_mb is not None or constraints.min_acceptance_rate is not None
     tpe = optuna.samplers.TPESampler(
         seed=plan.settings.seed + 1000 * worker_index, n_startup_trials=len(plan.space.drafts), multivariate=True,
-        group=True, warn_independent_sampling=False,
+        group=True,
         constraints_func=_constraint_values if has_constraints else None,
     )
     return QueueFirst(partial(next_queued, space=plan.space, seed=plan.settings.seed), tpe)
