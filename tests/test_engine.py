@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specbench.engine import BaselineProposer, DraftModelProposer, NgramProposer, StepState, Trace, generate
 from specbench.engine import kv

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import specbench
 from specbench.cli import app
 from specbench.report import Format, ReportError, build_report, render, tables
-from tiny import perturbed, tiny_llama, write_model_folder, WORDS
+from tiny import write_project
 
 # --- synthetic results: exact values --------------------------------------------------------------
 
@@ -395,13 +395,7 @@ TINY_PROMPTS = [("the cat sat on the mat and the dog ran fast", "chat"),
 @pytest.fixture(scope="module")
 def tiny_results(tmp_path_factory) -> Path:
     """A parent folder holding one real sweep of tiny models (run once for this module)."""
-    project = tmp_path_factory.mktemp("tiny-project")
-    target = tiny_llama(vocab_size=len(WORDS))
-    write_model_folder(project / "target", target)
-    write_model_folder(project / "draft", perturbed(target, scale=0.01))
-    (project / "prompts.jsonl").write_text(
-        "".join(json.dumps({"prompt": text, "category": category}) + "\n" for text, category in TINY_PROMPTS))
-    (project / "tiny.toml").write_text(TINY_PROFILE)
+    project = write_project(tmp_path_factory.mktemp("tiny-project"), profile=TINY_PROFILE, prompts=TINY_PROMPTS)
     specbench.run(project / "tiny.toml", out=project / "results" / "tiny")
     return project / "results"
 

@@ -17,10 +17,10 @@ import pytest
 from typer.testing import CliRunner
 
 import specbench
-from specbench import results, sweep
+from specbench import sweep
 from specbench.cli import app
 from specbench.profile import load_profile
-from tiny import perturbed, tiny_llama, word_tokenizer, write_model_folder, WORDS
+from tiny import WORDS, tiny_llama, word_tokenizer, write_model_folder, write_model_pair, write_project
 
 PROMPTS = [
     ("the cat sat on the mat and the dog ran fast", "chat"),
@@ -65,23 +65,14 @@ POINT_COLUMNS = {
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("models")
-    target = tiny_llama(vocab_size=len(WORDS))
-    write_model_folder(folder / "target", target)
-    write_model_folder(folder / "draft", perturbed(target, scale=0.01))
-    return folder
+    return write_model_pair(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture
 def project(tmp_path: Path, models_dir: Path, monkeypatch) -> Path:
     """A folder with a profile, a prompts file and links to the tiny models; the cwd for the CLI."""
-    for name in ("target", "draft"):
-        (tmp_path / name).symlink_to(models_dir / name)
-    (tmp_path / "prompts.jsonl").write_text(
-        "".join(json.dumps({"prompt": text, "category": category}) + "\n" for text, category in PROMPTS))
-    (tmp_path / "tiny.toml").write_text(PROFILE)
     monkeypatch.chdir(tmp_path)
-    return tmp_path
+    return write_project(tmp_path, profile=PROFILE, prompts=PROMPTS, models=models_dir)
 
 
 def run_cli(*args: str):

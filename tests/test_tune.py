@@ -20,7 +20,7 @@ from specbench.tune import evaluate
 from specbench.tune.propose import MAX_DUPLICATES_IN_A_ROW, Proposal, next_queued
 from specbench.tune.space import space_from_profile
 from specbench.tune.warmstart import Calibration, predicted_speedup
-from tiny import WORDS, perturbed, tiny_llama, write_model_folder
+from tiny import write_model_pair, write_project
 
 GRID = Path(__file__).parent / "fixtures" / "synthetic-grid"
 PROFILE = """
@@ -46,26 +46,18 @@ max_new_tokens = 12
 repeats = 2
 warmup = 0
 """
-PROMPTS = ["the cat sat on the mat and the dog ran fast", "write code to sum one two three four five"]
+PROMPTS = [("the cat sat on the mat and the dog ran fast", "chat"), ("write code to sum one two three four five", "chat")]
 
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("models")
-    target = tiny_llama(vocab_size=len(WORDS))
-    write_model_folder(folder / "target", target)
-    write_model_folder(folder / "draft", perturbed(target, scale=0.01))
-    return folder
+    return write_model_pair(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture
 def project(tmp_path: Path, models_dir: Path, monkeypatch) -> Path:
-    for name in ("target", "draft"):
-        (tmp_path / name).symlink_to(models_dir / name)
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p, "category": "chat"}) + "\n" for p in PROMPTS))
-    (tmp_path / "tiny.toml").write_text(PROFILE)
     monkeypatch.chdir(tmp_path)
-    return tmp_path
+    return write_project(tmp_path, profile=PROFILE, prompts=PROMPTS, models=models_dir)
 
 
 def cli(*args: str):

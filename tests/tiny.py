@@ -5,7 +5,9 @@ SPECBENCH_TEST_DEVICE=cuda puts them (and the engine tests that use DEVICE) on a
 from __future__ import annotations
 
 import copy
+import json
 import os
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -74,4 +76,27 @@ def write_model_folder(folder, model: LlamaForCausalLM, tokenizer=None):
     model.generation_config.eos_token_id = 1
     model.save_pretrained(folder)
     (tokenizer or word_tokenizer()).save_pretrained(folder)
+    return folder
+
+
+def write_model_pair(folder: Path) -> Path:
+    """folder/target (a tiny model over WORDS) and folder/draft (its near copy): the tiny project's models."""
+    target = tiny_llama(vocab_size=len(WORDS))
+    write_model_folder(folder / "target", target)
+    write_model_folder(folder / "draft", perturbed(target, scale=0.01))
+    return folder
+
+
+def write_project(folder: Path, *, profile: str, prompts: list[tuple[str, str]], models: Path | None = None) -> Path:
+    """A folder `specbench run` and `tune` work in: tiny.toml, prompts.jsonl (prompt, category) and the
+    model pair (links into `models`, written by write_model_pair, or written here)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if models is None:
+        write_model_pair(folder)
+    else:
+        for name in ("target", "draft"):
+            (folder / name).symlink_to(models / name)
+    (folder / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": text, "category": category}) + "\n" for text, category in prompts))
+    (folder / "tiny.toml").write_text(profile)
     return folder
