@@ -20,6 +20,7 @@ from specbench.report import Format, build_report, render
 from specbench.report.trials import parameter_importances
 from specbench.tune.outputs import trials_frame
 from test_report import PNG_TAG, embedded_pngs, markdown_tables, report_cli
+from test_tune import models_dir, project  # noqa: F401 - fixtures
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -200,3 +201,17 @@ def test_report_command_on_a_real_replayed_tune(tmp_path):
     shutil.copytree(out, tmp_path / "copy")  # two tunes: compared point by point like two runs
     result = report_cli(out, tmp_path / "copy", "--format", "md")
     assert result.exit_code == 0 and "## Comparison: tuned -> copy" in result.stdout
+
+
+def test_report_command_on_a_live_tune_shows_its_points_and_its_trials(project):
+    """A live tune writes points.parquet and requests.parquet as `specbench run` does, and trials.parquet."""
+    tuned = CliRunner().invoke(app, ["tune", "tiny.toml", "--trials", "4", "--out", "tuned"])
+    assert tuned.exit_code == 0, tuned.output
+    report = build_report([project / "tuned"])
+    (run,) = report.runs
+    assert "baseline-t0-p1" in set(run.points["point_id"])  # the run's own points, baseline included
+    assert len(run.categories) > 0  # per-request rows: the per-category speedups exist
+    (study,) = run.studies
+    assert len(study.trials) == 4 and set(study.trials["state"]) <= {"COMPLETE", "PRUNED", "FAIL"}
+    html = render(report, Format.html)
+    assert "<h3>Objective by trial</h3><figure>" in html and "<h3>Tune</h3>" in html
