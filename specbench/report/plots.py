@@ -62,7 +62,7 @@ def objective_by_trial(studies: list[StudyReport]) -> Plot | None:
     drawn = [s for s in studies if s.trials["value"].notna().any()]
     if not drawn:
         return None
-    figure, axes = _panels(len(drawn))
+    figure, axes = _panels(len(drawn), height=PANEL_H + 0.7)
     for ax, study in zip(axes, drawn):
         trials = study.trials.dropna(subset=["value"])
         for role, group in trials.groupby("role", sort=False):
@@ -84,7 +84,13 @@ def objective_by_trial(studies: list[StudyReport]) -> Plot | None:
         direction = f" ({study.direction})" if study.direction else ""
         ax.set(title=tables.group_title(study.temperature, study.top_p), xlabel="trial",
                ylabel=f"{study.objective or 'objective'}{direction}")
-        ax.legend(fontsize="x-small")
+        ax.margins(0.08)
+    legend = {}  # one legend below the panels (inside one it hides trials), each label once
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    figure.legend(legend.values(), legend.keys(), loc="outside lower center", ncols=min(4, len(legend)),
+                  fontsize="small")
     return _plot(figure, "Objective by trial",
                  "Each trial's objective in the order trials were numbered, coloured by role: calibration "
                  "(one per draft at the largest gamma), warm start (the analytic model's best predictions), "
@@ -105,7 +111,8 @@ def parameter_importances(studies: list[StudyReport]) -> Plot | None:
         ax.set(title=tables.group_title(study.temperature, study.top_p), xlabel="importance", xlim=(0, 1.15))
     return _plot(figure, "Parameter importances",
                  "The share of the objective's variance over the completed trials that each parameter explains, "
-                 "as Optuna's fANOVA evaluator computes it (importances sum to 1). Few trials make them rough.")
+                 "as Optuna's fANOVA evaluator computes it (importances sum to 1). Few trials make them rough; "
+                 "ngram_max, which only n-gram drafts have, is left out when a study mixes drafts.")
 
 
 def speedup_vs_gamma(points: pd.DataFrame) -> Plot | None:
