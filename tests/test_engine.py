@@ -159,3 +159,12 @@ def test_ngram_lookup_takes_the_longest_match_at_its_earliest_occurrence():
     assert lookup(sequence, k=2, ngram_min=1, ngram_max=2) == [9, 9]
     assert lookup(np.array([4, 5, 6]), k=3, ngram_min=1, ngram_max=3) == []
     assert lookup(np.array([4, 5, 4]), k=5, ngram_min=1, ngram_max=3) == [5, 4]
+
+
+def test_verify_costs_time_every_token_count_and_leave_no_cache_behind(target):
+    from specbench.engine.costs import verify_costs_ms
+
+    costs = verify_costs_ms(target, max_tokens=5, context_tokens=12, repeats=2)
+    assert len(costs) == 5 and all(cost > 0 for cost in costs)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        verify_costs_ms(target, max_tokens=0, context_tokens=12)

@@ -37,3 +37,12 @@ def test_other_references_pass_through_and_ngram_maps_to_prompt_lookup():
     assert not any(" is " in note and "dequantised" in note for note in settings["notes"])
     no_speculation = engine_settings(None, target="my-org/my-model", temperature=0.0, top_p=1.0)
     assert no_speculation["vllm"] == {"speculative_config": None, "args": []}
+
+
+def test_speculation_is_recommended_only_when_the_ci_clears_the_baseline():
+    from specbench.tune.outputs import _measurably_faster
+
+    assert not _measurably_faster({"speedup": 1.03, "speedup_ci_low": 0.99})  # faster on average, not measurably
+    assert _measurably_faster({"speedup": 1.20, "speedup_ci_low": 1.05})
+    assert _measurably_faster({"speedup": 1.20, "speedup_ci_low": float("nan")})  # no CI (one prompt): the speedup
+    assert not _measurably_faster({"speedup": 0.90, "speedup_ci_low": None})

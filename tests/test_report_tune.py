@@ -64,7 +64,7 @@ RECOMMENDATION = {
         {"study": G, "temperature": 0.0, "top_p": 1.0, "speculate": True, "trial": 2, "point_id": "ngram-g2-t0-p1",
          "speedup": 1.7, "speedup_ci": [1.6, 1.8], "objective_value": 80.0, "evaluations": 5},
         {"study": S, "temperature": 0.8, "top_p": 1.0, "speculate": False, "trial": 1, "point_id": "ngram-g4-t0.8-p1",
-         "speedup": 0.95, "reason": "the best configuration (ngram-g4-t0.8-p1) is not faster than the baseline"},
+         "speedup": 0.95, "reason": "the best configuration (ngram-g4-t0.8-p1) is not measurably faster than the baseline"},
     ],
 }
 HEADER = "| trial | role | state | point | objective | best so far | speedup | warm-start pred. | prompts |"
@@ -103,7 +103,7 @@ def test_markdown_lists_each_study_s_trials_with_the_best_value_so_far(tune_dir)
     ]
     assert ("**deploy ngram-g2-t0-p1: speedup 1.70x (95% CI 1.60-1.80), tokens_per_s 80 (median over repeats), "
             "chosen by trial 2 after 5 evaluations**") in text
-    assert ("**do not speculate: the best configuration (ngram-g4-t0.8-p1) is not faster than the baseline**"
+    assert ("**do not speculate: the best configuration (ngram-g4-t0.8-p1) is not measurably faster than the baseline**"
             in text)
     assert "1 trial ran nothing (a duplicate of a claimed point, or past the budget); not listed." in text
     assert "- trial 6 (small-g2-t0-p1): CUDA out of memory" in text

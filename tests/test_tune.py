@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -19,7 +20,7 @@ from specbench.tune import TuneSettings, parse_objective, tune
 from specbench.tune import evaluate
 from specbench.tune.propose import MAX_DUPLICATES_IN_A_ROW, Proposal, next_queued
 from specbench.tune.space import space_from_profile
-from specbench.tune.warmstart import Calibration, predicted_speedup
+from specbench.tune.warmstart import Calibration, predicted_speedup, verify_ms
 from tiny import write_model_pair, write_project
 
 GRID = Path(__file__).parent / "fixtures" / "synthetic-grid"
@@ -149,6 +150,25 @@ def test_the_warm_start_prediction_is_leviathan_with_geometric_acceptance():
         expected = stats.predicted_speedup(alpha=alpha, gamma=gamma, draft_s_per_token=0.5, verify_s=verify,
                                            target_s_per_token=10.0)
         assert predicted_speedup(calibration, gamma) == pytest.approx(expected)
+
+
+def test_the_warm_start_weights_the_timed_verify_cost_by_how_many_tokens_were_drafted():
+    """A timed cost curve replaces the linear interpolation: a step that drafted k tokens verifies k + 1."""
+    curve = (10.0, 20.0, 15.0, 12.0)  # ms for 1..4 tokens: not linear (a CPU's kernels)
+    calibration = Calibration(gamma=3, accepted_per_step=(0.5, 0.25, 0.1), drafted_per_step=(0.5, 0.25, 0.25),
+                              draft_ms_per_token=0.0, verify_ms_per_step=12.0, target_ms_per_token=8.0,
+                              verify_ms_by_tokens=curve)
+    # gamma 2: half the steps draft nothing (1 token), a quarter one (2 tokens), a quarter two (3 tokens);
+    # costs relative to the curve's one-token pass, on the baseline's 8 ms step
+    assert verify_ms(calibration, 2) == pytest.approx(8.0 * (0.5 * 1.0 + 0.25 * 2.0 + 0.25 * 1.5))
+    assert predicted_speedup(calibration, 2) == pytest.approx((1 + 0.5 + 0.25) / (verify_ms(calibration, 2) / 8.0))
+    # a model draft drafts gamma tokens every step: the cost of gamma + 1 tokens
+    full = replace(calibration, drafted_per_step=(1.0, 1.0, 1.0))
+    assert [verify_ms(full, g) for g in (1, 2, 3)] == pytest.approx([16.0, 12.0, 9.6])
+    # untimed (a replay): linear between the one-token step and the calibration's measured step
+    untimed = replace(calibration, verify_ms_by_tokens=())
+    assert verify_ms(untimed, 2) == pytest.approx(8.0 + (12.0 - 8.0) * 2 / 3)
+    assert Calibration.from_dict(calibration.as_dict()) == calibration
 
 
 def test_the_queue_proposes_calibration_then_warm_start_then_an_unclaimed_point_once_the_sampler_converged():

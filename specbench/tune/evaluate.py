@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from specbench import results
+from specbench.engine.costs import verify_costs_ms
 from specbench.profile import Profile, ProfileError, profile_from_dict
 from specbench.results import PointSpec, baseline_point_id
 from specbench.sweep import RunFiles, _Context, _point_context, evaluate_point, point_key
@@ -47,6 +48,7 @@ class Evaluator(Protocol):
     def baseline(self, temperature: float, top_p: float) -> tuple[PointSpec, pd.DataFrame]: ...
     def run(self, spec: PointSpec, after_batch: AfterBatch) -> Outcome: ...
     def context(self, spec: PointSpec) -> dict[str, Any]: ...
+    def verify_costs(self, max_tokens: int) -> tuple[float, ...]: ...
 
 
 def baseline_spec(temperature: float, top_p: float) -> PointSpec:
@@ -57,6 +59,7 @@ class Live:
     def __init__(self, ctx: _Context, files: RunFiles):
         self.ctx = ctx
         self.files = files
+        self._verify_costs: dict[int, tuple[float, ...]] = {}
 
     def baseline(self, temperature: float, top_p: float) -> tuple[PointSpec, pd.DataFrame]:
         """Measured once per output folder: local workers wait for the one that runs it."""
@@ -83,6 +86,19 @@ class Live:
 
     def context(self, spec: PointSpec) -> dict[str, Any]:
         return _point_context(spec, self.ctx, point_key(spec, self.ctx))
+
+    def verify_costs(self, max_tokens: int) -> tuple[float, ...]:
+        """The target's forward time for 1..max_tokens tokens, after a typical context (the median prompt
+        plus half the output); timed once per process. Empty for the hf backend, whose drafting the
+        warm start cannot see anyway."""
+        if self.ctx.profile.backend != "native":
+            return ()
+        if max_tokens not in self._verify_costs:
+            prompt_tokens = sorted(len(ids) for ids in self.ctx.prompt_ids)
+            context = prompt_tokens[len(prompt_tokens) // 2] + self.ctx.profile.workload.max_new_tokens // 2
+            self._verify_costs[max_tokens] = verify_costs_ms(self.ctx.target.model, max_tokens=max_tokens,
+                                                             context_tokens=max(context, 1))
+        return self._verify_costs[max_tokens]
 
 
 class Replay:
@@ -118,6 +134,9 @@ class Replay:
         for count in range(1, len(self.prompt_order) + 1):
             after_batch(rows[rows["prompt_id"].isin(self.prompt_order[:count])])
         return Outcome(rows, None, evaluated=True)
+
+    def verify_costs(self, max_tokens: int) -> tuple[float, ...]:
+        return ()  # nothing to time: the warm start interpolates the recorded verify times
 
     def context(self, spec: PointSpec) -> dict[str, Any]:
         row = self._point(spec)

@@ -100,7 +100,7 @@ def _recommendation(plan: "Plan", group, rows: list[dict[str, Any]]) -> dict[str
     finished = [r for r in rows if r["state"] in ("COMPLETE", "PRUNED")]
     evaluated = {r["point_id"] for r in rows if r["evaluated"]}
     chosen, front = choose(rows, objective=objective, tolerance=plan.settings.tolerance)
-    speculate = chosen is not None and (chosen["speedup"] is None or chosen["speedup"] > 1.0)
+    speculate = chosen is not None and _measurably_faster(chosen)
     entry: dict[str, Any] = {
         "temperature": group.temperature, "top_p": group.top_p, "study": group.study,
         "trials": len(finished), "evaluations": len(evaluated),
@@ -121,7 +121,9 @@ def _recommendation(plan: "Plan", group, rows: list[dict[str, Any]]) -> dict[str
         "acceptance_rate": chosen["acceptance_rate"], "mean_accepted_length": chosen["mean_accepted_length"],
         "peak_memory_mb": chosen["peak_memory_mb"], "tpot_ms_p50": chosen["tpot_ms_p50"],
         "reason": ("the best objective, or the smallest gamma within the noise of the best" if speculate else
-                   f"the best configuration ({chosen['point_id']}) is not faster than the baseline"),
+                   f"the best configuration ({chosen['point_id']}) is not measurably faster than the baseline "
+                   f"(speedup {_ratio(chosen['speedup'])}, 95% CI {_ratio(chosen['speedup_ci_low'])}-"
+                   f"{_ratio(chosen['speedup_ci_high'])})"),
     })
     if front:
         entry["pareto_front"] = [{k: r[k] for k in ("number", "point_id", "gamma", "tokens_per_s", "peak_memory_mb",
@@ -129,6 +131,19 @@ def _recommendation(plan: "Plan", group, rows: list[dict[str, Any]]) -> dict[str
     entry["engine_settings"] = engine_settings(chosen if speculate else None, target=plan.profile.target.model,
                                                temperature=group.temperature, top_p=group.top_p)
     return entry
+
+
+def _measurably_faster(row: dict[str, Any]) -> bool:
+    """Speculate only when the baseline is outside the speedup's 95 % CI (or, without a CI, when the
+    speedup alone is above 1)."""
+    low, speedup = row.get("speedup_ci_low"), row.get("speedup")
+    if low is not None and low == low:  # not NaN
+        return low > 1.0
+    return speedup is None or speedup > 1.0
+
+
+def _ratio(value: Any) -> str:
+    return "-" if value is None or value != value else f"{value:.2f}x"
 
 
 def recommendation_profile(plan: "Plan", choices: list[dict[str, Any]]) -> str:

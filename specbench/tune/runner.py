@@ -283,7 +283,8 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, spec, *, config, plan: 
         return {"number": trial.number, "point_id": spec.point_id, "state": "FAIL", "error": outcome.error}
     _set_measurement(trial, measured, plan, evaluated=outcome.evaluated)
     if trial.user_attrs.get("role") == "calibration":
-        calibration = calibrate(outcome.rows, baseline_rows, gamma=config.gamma)
+        calibration = calibrate(outcome.rows, baseline_rows, gamma=config.gamma,
+                                verify_ms_by_tokens=evaluator.verify_costs(config.gamma + 1))
         if calibration is not None:
             trial.set_user_attr("calibration", calibration.as_dict())
     study.tell(trial, list(measured.values))

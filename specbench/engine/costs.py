@@ -1,0 +1,44 @@
+"""What one target forward pass costs by the number of tokens it verifies at once.
+
+The analytic model needs the cost of verifying k = gamma + 1 tokens for every gamma, and it is not
+linear in k: on a 2-core CPU, SmolLM2-135M took 2.09x a one-token step for 3 tokens but 1.46x for 5
+(the matrix kernels change with the row count); on a GPU it is nearly flat until the batch fills the
+chip. So it is measured, not interpolated.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from specbench.devices import Clock
+from specbench.engine import kv
+
+
+def verify_costs_ms(model: torch.nn.Module, *, max_tokens: int, context_tokens: int, repeats: int = 5,
+                    seed: int = 0) -> tuple[float, ...]:
+    """Median milliseconds of one forward pass of k new tokens after `context_tokens` cached ones, for
+    k = 1..max_tokens (index k - 1). The k are interleaved within each repeat, so drift on a shared
+    machine hits all of them alike; one untimed pass per k warms up first. Logits are computed for all k
+    positions, as verification needs them."""
+    if max_tokens < 1 or context_tokens < 1 or repeats < 1:
+        raise ValueError("max_tokens, context_tokens and repeats must be >= 1")
+    device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(seed)
+    context = torch.randint(0, vocab, (1, context_tokens), generator=generator).to(device)
+    new = torch.randint(0, vocab, (1, max_tokens), generator=generator).to(device)
+    times: dict[int, list[float]] = {k: [] for k in range(1, max_tokens + 1)}
+    with torch.inference_mode():
+        cache = kv.new_cache(model)
+        kv.forward(model, context, cache, last=1)
+        for timed in [False] + [True] * repeats:
+            for k in times:
+                clock = Clock(device)
+                kv.forward(model, new[:, :k], cache)
+                elapsed = clock.now()
+                kv.crop(cache, context_tokens)
+                if timed:
+                    times[k].append(elapsed)
+    return tuple(1000.0 * statistics.median(times[k]) for k in times)
