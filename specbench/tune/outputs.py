@@ -117,7 +117,8 @@ def _recommendation(plan: "Plan", group, rows: list[dict[str, Any]]) -> dict[str
         "ngram_min": chosen["ngram_min"], "ngram_max": chosen["ngram_max"],
         "objective_value": chosen["value"], "objective_values": chosen["values"], "noise": chosen["noise"],
         "speedup": chosen["speedup"], "speedup_ci": [chosen["speedup_ci_low"], chosen["speedup_ci_high"]],
-        "predicted_speedup": chosen["predicted_speedup"], "tokens_per_s": chosen["tokens_per_s"],
+        "predicted_speedup": chosen["predicted_speedup"], "warm_start_prediction": chosen["warm_start_prediction"],
+        "tokens_per_s": chosen["tokens_per_s"],
         "acceptance_rate": chosen["acceptance_rate"], "mean_accepted_length": chosen["mean_accepted_length"],
         "peak_memory_mb": chosen["peak_memory_mb"], "tpot_ms_p50": chosen["tpot_ms_p50"],
         "reason": ("the best objective, or the smallest gamma within the noise of the best" if speculate else

@@ -37,7 +37,7 @@ def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
         else:
             ci = choice["speedup_ci"]
             lines.append(head + f"[bold green]{choice['point_id']}[/bold green]  speedup {_fmt(choice['speedup'])}x "
-                         f"(95% CI {_fmt(ci[0])}-{_fmt(ci[1])}, predicted {_fmt(choice['predicted_speedup'])}x), "
+                         f"(95% CI {_fmt(ci[0])}-{_fmt(ci[1])}{_prediction(choice)}), "
                          f"{_fmt(choice['tokens_per_s'], '.1f')} tok/s, acceptance {_fmt(choice['acceptance_rate'], '.0%')}, "
                          f"peak {_fmt(choice['peak_memory_mb'], '.0f')} MB")
             vllm = choice["engine_settings"]["vllm"]["args"]
@@ -70,6 +70,16 @@ def print_tune_summary(console: Console, trials: pd.DataFrame, recommendation: d
         console.print(trials_table(str(study), group))
     console.print(recommendation_panel(recommendation))
     console.print(f"results: {out_dir}  (trials.parquet, recommendation.json, recommendation.toml)")
+
+
+def _prediction(choice: dict[str, Any]) -> str:
+    """The warm start's prediction (timed verify costs, the drafted-token distribution) where there is one,
+    else the point's own Leviathan prediction."""
+    if choice.get("warm_start_prediction") is not None:
+        return f", warm start predicted {_fmt(choice['warm_start_prediction'])}x"
+    if choice.get("predicted_speedup") is not None:
+        return f", predicted {_fmt(choice['predicted_speedup'])}x"
+    return ""
 
 
 def _text(value: Any) -> str:
