@@ -71,6 +71,7 @@ def test_local_workers_share_the_default_study(tmp_path):
         assert_shared_without_duplicates(storage, f"local-t{temperature}-p1")
 
 
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 def test_a_trial_is_judged_after_every_earlier_trial_has_all_its_parameters():
     """Parameters are set one at a time: a trial whose point is half set must not look unclaimed."""
     study = optuna.create_study(sampler=optuna.samplers.PartialFixedSampler({"draft": "small", "gamma": 3},
