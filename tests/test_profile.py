@@ -298,3 +298,16 @@ def test_profile_from_dict_without_a_file_names_the_profile():
     with pytest.raises(ProfileError) as caught:
         profile_from_dict(edited(("sweep", "gamma"), [0]))
     assert str(caught.value) == "profile: sweep.gamma[0]: must be an integer >= 1 (got 0)"
+
+
+def test_the_cli_prints_an_error_s_brackets(tmp_path, monkeypatch):
+    """Errors name TOML tables like [sweep]; the terminal must show them, not read them as markup."""
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    (tmp_path / "p.toml").write_text('name = "x"\n[target]\nmodel = "builtin:smollm2-135m-instruct"\n')
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["run", "p.toml"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: p.toml: sweep: missing (add a [sweep] table)"

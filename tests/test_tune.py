@@ -21,7 +21,7 @@ from specbench.tune import evaluate
 from specbench.tune.propose import MAX_DUPLICATES_IN_A_ROW, Proposal, next_queued
 from specbench.tune.space import space_from_profile
 from specbench.tune.warmstart import Calibration, predicted_speedup, verify_ms
-from tiny import write_model_pair, write_project
+from tiny import WORDS, write_model_folder, write_model_pair, write_project
 
 GRID = Path(__file__).parent / "fixtures" / "synthetic-grid"
 PROFILE = """
@@ -259,3 +259,23 @@ def test_a_study_of_another_search_space_is_refused(tmp_path):
     assert result.exit_code == 2
     assert "study 's-t0-p1' was created with another search space" in result.output
     assert (out / "trials.parquet").read_bytes() == before
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_baseline_that_fails_is_one_line_and_exit_2(tmp_path, monkeypatch, workers):
+    """A target whose learned positions end before the prompt does fails every request of the baseline,
+    and a tune cannot measure a speedup without it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(WORDS), n_positions=8, n_embd=32, n_layer=1, n_head=2))
+    write_model_folder(tmp_path / "short", model.eval())
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": PROMPTS[0][0], "category": "chat"}) + "\n")
+    (tmp_path / "tiny.toml").write_text('name = "short"\n[target]\nmodel = "./short"\n[[drafts]]\nname = "ngram"\n'
+                                        'method = "ngram"\n[sweep]\ngamma = [1, 2]\ntemperature = [0.0]\n'
+                                        '[workload]\nprompts = "prompts.jsonl"\nmax_new_tokens = 8\n[run]\nwarmup = 0\n')
+    monkeypatch.chdir(tmp_path)
+    result = cli("tune", "tiny.toml", "--trials", "2", "--workers", workers, "--out", "tuned")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()[-1:]
+    assert "the baseline baseline-t0-p1 failed: IndexError: index out of range in self; every trial's speedup" in line
+    assert "Traceback" not in result.output

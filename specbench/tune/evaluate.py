@@ -71,7 +71,8 @@ class Live:
                 new_rows, error = evaluate_point(spec, self.ctx)
                 self.files.record(spec, self.ctx, new_rows, error=error)
                 if error is not None:
-                    raise RuntimeError(f"the baseline {spec.point_id} failed: {error}")
+                    raise TuneError(f"the baseline {spec.point_id} failed: {error}; every trial's speedup needs "
+                                    "it: fix the target or the workload and rerun (finished trials are kept)")
                 rows = pd.DataFrame(new_rows)
         return spec, rows
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pandas as pd
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -19,11 +20,11 @@ class TuneProgress:
         self.console = console
 
     def message(self, text: str) -> None:
-        self.console.print(f"[dim]{text}[/dim]")
+        self.console.print(f"[dim]{escape(text)}[/dim]")
 
     def trial_finished(self, study: str, row: dict[str, Any]) -> None:
         state = {"COMPLETE": "[green]done[/green]", "PRUNED": "[yellow]pruned[/yellow]"}.get(row["state"], "[red]failed[/red]")
-        detail = row.get("error") or f"objective {_fmt(row.get('value'), '.4g')}"
+        detail = escape(str(row["error"])) if row.get("error") else f"objective {_fmt(row.get('value'), '.4g')}"
         reused = " (recorded)" if row.get("evaluated") is False else ""
         self.console.print(f"{study} #{row['number']} {row['point_id']}: {state} {detail}{reused}", highlight=False)
 
@@ -33,7 +34,7 @@ def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
     for choice in recommendation["temperatures"]:
         head = f"[bold]temperature {choice['temperature']:g}, top_p {choice['top_p']:g}[/bold]: "
         if not choice.get("speculate"):
-            lines.append(head + f"no speculation — {choice.get('reason', '')}")
+            lines.append(head + f"no speculation — {escape(str(choice.get('reason', '')))}")
         else:
             ci = choice["speedup_ci"]
             lines.append(head + f"[bold green]{choice['point_id']}[/bold green]  speedup {_fmt(choice['speedup'])}x "
@@ -41,7 +42,7 @@ def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
                          f"{_fmt(choice['tokens_per_s'], '.1f')} tok/s, acceptance {_fmt(choice['acceptance_rate'], '.0%')}, "
                          f"peak {_fmt(choice['peak_memory_mb'], '.0f')} MB")
             vllm = choice["engine_settings"]["vllm"]["args"]
-            lines.append(f"  vLLM: {' '.join(vllm[:1] + [repr(a) for a in vllm[1:]])}")
+            lines.append(f"  vLLM: {escape(' '.join(vllm[:1] + [repr(a) for a in vllm[1:]]))}")
             for r in choice.get("pareto_front", []):
                 lines.append(f"  front: {r['point_id']}  {_fmt(r['tokens_per_s'], '.1f')} tok/s, "
                              f"{_fmt(r['peak_memory_mb'], '.0f')} MB")
@@ -69,7 +70,7 @@ def print_tune_summary(console: Console, trials: pd.DataFrame, recommendation: d
     for study, group in trials.groupby("study", sort=False):
         console.print(trials_table(str(study), group))
     console.print(recommendation_panel(recommendation))
-    console.print(f"results: {out_dir}  (trials.parquet, recommendation.json, recommendation.toml)")
+    console.print(f"results: {escape(str(out_dir))}  (trials.parquet, recommendation.json, recommendation.toml)")
 
 
 def _prediction(choice: dict[str, Any]) -> str:
