@@ -44,7 +44,7 @@ def run_workers(target: Callable[[PlanT, int], None], plan: PlanT, *, workers: i
     """Run `target(plan, index)` for each index in 0..workers-1, each in its own process, and wait for all.
     `target` must be a module-level function (the spawned process imports it). Raises WorkerError when a
     worker failed."""
-    gpus = _visible_gpus() if plan.profile.device != "cpu" else []
+    gpus = worker_gpus(plan.profile.device)
     threads = 0 if gpus else max(1, (os.cpu_count() or 1) // workers)
     context = multiprocessing.get_context("spawn")
     errors = context.SimpleQueue()  # (index, the error's one line) from each worker that raised
@@ -101,6 +101,21 @@ def _exit_reason(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         return f"killed by {signal.Signals(-exitcode).name}"
     return f"exit code {exitcode}"
+
+
+def worker_gpus(device: str) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries the workers take in turn: none on the cpu; for cuda:N only the
+    N-th visible GPU (every worker shares it); otherwise every visible GPU (none on a machine without)."""
+    if device == "cpu":
+        return []
+    visible = _visible_gpus()
+    if device.startswith("cuda:"):
+        index = int(device.removeprefix("cuda:"))
+        if index >= len(visible):
+            raise WorkerError(f"device {device}: only {len(visible)} GPU(s) are visible; use cuda:0.."
+                              f"{max(len(visible) - 1, 0)}, or cuda to spread the workers over all of them")
+        return [visible[index]]
+    return visible
 
 
 def _visible_gpus() -> list[str]:

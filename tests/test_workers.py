@@ -20,3 +20,14 @@ def test_a_failed_worker_is_one_line_naming_it_and_exit_2(project, command):
     assert result.stderr.strip() == (f"error: worker 0 of 2 failed: ModelError: model folder has no config.json: "
                                      f"{target}; point to a Hugging Face model folder (worker 1 failed too)")
     assert "Traceback" not in result.output
+
+
+def test_workers_take_the_visible_gpus_in_turn_or_only_the_one_the_profile_names(monkeypatch):
+    from specbench.workers import WorkerError, worker_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
+    assert worker_gpus("cuda") == worker_gpus("auto") == ["3", "5", "7"]
+    assert worker_gpus("cuda:1") == ["5"]  # the profile's GPU, as the process numbers it, for every worker
+    assert worker_gpus("cpu") == []
+    with pytest.raises(WorkerError, match=r"^device cuda:3: only 3 GPU\(s\) are visible; use cuda:0..2"):
+        worker_gpus("cuda:3")
