@@ -233,6 +233,8 @@ def test_top_cuts_each_temperature_after_choosing_the_best(run_a):
     table = build_report([run_a], top=1, sort="peak_memory_mb").points_table()
     assert list(table["point_id"]) == ["baseline-t0-p1", "baseline-t0.8-p1"]
     assert not table["best"].any()  # the best points (the ngram ones) are decided before the cut
+    shown = build_report([run_a], top=2)  # the per-category table keeps the shown points only
+    assert set(shown.runs[0].categories["point_id"]) == {"ngram-g2-t0-p1", "ngram-g2-t0.8-p1"}
 
 
 def test_bad_filter_sort_or_top_is_a_report_error_naming_the_known_keys(run_a):

@@ -60,9 +60,11 @@ def build_report(paths: list[str | Path], *, filters: list[str] = (), sort: str 
     reports = []
     for run in runs:
         points = tables.apply_filters(run.points, parsed)
+        table = tables.points_table(points, run=run.name, sort=sort, top=top)
+        categories = tables.category_speedups(points, run.requests)
         reports.append(RunReport(
-            run=run, points=points, table=tables.points_table(points, run=run.name, sort=sort, top=top),
-            categories=tables.category_speedups(points, run.requests),
+            run=run, points=points, table=table,
+            categories=categories[categories["point_id"].isin(set(table["point_id"]))],  # --top cuts them too
             studies=study_reports(run.tune, parsed) if run.tune is not None else [],
         ))
     comparison = None
