@@ -75,6 +75,11 @@ def test_tune_on_tiny_models_and_the_recommendation_runs_under_specbench_run(pro
     assert list(trials["role"][:2]) == ["calibration", "calibration"]  # one per draft at the largest gamma
     assert set(trials["gamma"][:2]) == {3}
     assert {"tokens_per_s", "speedup", "acceptance_rate", "peak_memory_mb", "value", "state"} <= set(trials.columns)
+    # each calibration carries the target's timed forward pass for 1..gamma_max + 1 tokens
+    study = optuna.load_study(study_name="tiny-tokens_per_s-t0-p1", storage=f"sqlite:///{out / 'study.db'}")
+    calibrations = [t.user_attrs["calibration"] for t in study.trials if "calibration" in t.user_attrs]
+    assert len(calibrations) == 2
+    assert all(len(c["verify_ms_by_tokens"]) == 4 and min(c["verify_ms_by_tokens"]) > 0 for c in calibrations)
     # every evaluated (not pruned) point is in the run's files, once, like `specbench run` writes them
     points = pd.read_parquet(out / "points.parquet")
     completed = trials[trials["state"] == "COMPLETE"]
