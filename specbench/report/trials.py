@@ -114,19 +114,19 @@ def parameter_importances(trials: pd.DataFrame, *, direction: str | None,
         study = optuna.create_study(direction=direction, storage=optuna.storages.InMemoryStorage())
     finally:
         optuna.logging.set_verbosity(verbosity)
-    for row in completed.to_dict("records"):
-        params = {"draft": row["draft"], "gamma": int(row["gamma"])}
-        if "ngram_max" in distributions and not pd.isna(row["ngram_max"]) and _tuned_ngram(row["draft"], space):
-            params["ngram_max"] = int(row["ngram_max"])
-        study.add_trial(optuna.trial.create_trial(
-            params=params, distributions={k: distributions[k] for k in params}, value=float(row["value"])))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # experimental-API and few-trial warnings; the caption says it
         try:
+            for row in completed.to_dict("records"):
+                params = {"draft": row["draft"], "gamma": int(row["gamma"])}
+                if "ngram_max" in distributions and not pd.isna(row["ngram_max"]) and _tuned_ngram(row["draft"], space):
+                    params["ngram_max"] = int(row["ngram_max"])
+                study.add_trial(optuna.trial.create_trial(
+                    params=params, distributions={k: distributions[k] for k in params}, value=float(row["value"])))
             importances = optuna.importance.get_param_importances(
                 study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
-        except (RuntimeError, ValueError) as error:
-            return {}, f"Optuna could not compute importances: {error}"
+        except (RuntimeError, ValueError) as error:  # e.g. a draft the recorded search space does not list
+            return {}, f"Optuna could not compute importances: {str(error).splitlines()[0]}"
     if not importances:
         return {}, "no parameter varied across the completed trials"
     return {name: float(value) for name, value in importances.items()}, None
