@@ -8,6 +8,7 @@ from the request rows every time it is written.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -244,5 +245,12 @@ def write_json_atomic(data: dict[str, Any], path: Path) -> None:
 
 
 def read_parquet(path: Path) -> pd.DataFrame | None:
-    return pd.read_parquet(path) if path.exists() else None
+    """One whole version of the file (None when there is none), even while a writer replaces it: pyarrow
+    looks up a path's size and opens it separately, and a rename in between reads the new file with the
+    old size ("Couldn't deserialize thrift"). One read of the bytes holds one inode throughout."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return pd.read_parquet(io.BytesIO(data))
 POINT_DTYPES = dict(_POINT_DTYPES)  # the dtypes of points.parquet's columns, for tables that reuse them

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 import specbench
-from specbench import sweep
+from specbench import results, sweep
 from specbench.cli import app
 from specbench.profile import load_profile
 from tiny import WORDS, tiny_llama, word_tokenizer, write_model_folder, write_model_pair, write_project
@@ -168,7 +168,8 @@ def test_kill_9_then_rerun_finishes_with_every_point_once(project):
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=project)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if (out / "points.parquet").exists() and len(pd.read_parquet(out / "points.parquet")) >= 2:
+        points = results.read_parquet(out / "points.parquet")  # the sweep replaces it as we poll
+        if points is not None and len(points) >= 2:
             break
         time.sleep(0.02)
     os.kill(process.pid, signal.SIGKILL)

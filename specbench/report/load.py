@@ -145,9 +145,11 @@ def _measured_points(trials: pd.DataFrame) -> pd.DataFrame:
 def _read_parquet(path: Path, columns: tuple[str, ...]) -> pd.DataFrame | str:
     """The frame, or why it cannot be used."""
     try:
-        frame = pd.read_parquet(path)
+        frame = results.read_parquet(path)  # one whole version, should a run be writing the folder
     except Exception as error:  # pyarrow raises several types for truncated or foreign files
-        return f"unreadable {path.name}: {_first_line(error).replace(str(path), path.name)}"
+        return f"unreadable {path.name}: {_first_line(error).replace('<Buffer>', path.name)}"
+    if frame is None:
+        return f"{path.name} disappeared while being read"
     missing = [name for name in columns if name not in frame.columns]
     if missing:
         return f"{path.name} lacks columns: {', '.join(missing)}"
