@@ -10,7 +10,8 @@ identical token for token. Each prompt's time is its fastest repeat (other proce
     python -m specbench.bench [--prompts 6] [--max-new-tokens 64] [--gamma 4] [--repeats 2]
                               [--model REF] [--device cuda] [--dtype bfloat16]
 
-On a GPU the draft is a second copy of the target in the same dtype (int8 dynamic quantisation is CPU-only).
+On a GPU, or in another dtype than float32, the draft is a second copy of the target in the same dtype (int8
+dynamic quantisation needs float32 on a CPU).
 """
 
 from __future__ import annotations
@@ -128,8 +129,8 @@ def measure(config: BenchConfig, *, progress: Progress = None) -> Measurement:
     dtype = getattr(torch, config.dtype)
     _report(progress, f"loading {config.model}")
     target = load_model(config.model, device=device, dtype=dtype)
-    quantize = "int8" if device.type == "cpu" else None
-    draft = load_model(config.model, device=device, dtype=dtype, quantize=quantize).model if config.draft else None
+    draft = (load_model(config.model, device=device, dtype=dtype, quantize=draft_quantize(device, dtype)).model
+             if config.draft else None)
     prompt_ids = [encode_prompt(target.tokenizer, p) for p in load_prompts(PROMPTS, max_prompts=config.prompts)]
     eos = [target.tokenizer.eos_token_id]
     vocab_size = target.model.get_output_embeddings().weight.shape[0]
@@ -173,6 +174,11 @@ def measure(config: BenchConfig, *, progress: Progress = None) -> Measurement:
                         requests.append(Request(engine, method, prompt, repeat, trace))
     return Measurement(config, device_name(device), threads, tuple(len(ids) for ids in prompt_ids),
                        tuple(requests), skipped)
+
+
+def draft_quantize(device: torch.device, dtype: torch.dtype) -> str | None:
+    """The self-draft is an int8 copy where dynamic quantisation works (float32 on a CPU), else a plain copy."""
+    return "int8" if device.type == "cpu" and dtype == torch.float32 else None
 
 
 def _report(progress: Progress, message: str) -> None:
@@ -313,8 +319,9 @@ def render(summary: BenchSummary) -> None:
     if not console.is_terminal:
         console.width = max(console.width, 120)
     console.print(
-        f"{m.config.model} {m.config.dtype} on {m.device}, {m.threads} threads; {len(m.prompt_tokens)} prompts from {PROMPTS} "
-        f"({min(m.prompt_tokens)}-{max(m.prompt_tokens)} tokens); max_new_tokens {config.max_new_tokens}, "
+        f"{m.config.model} {m.config.dtype} on {m.device}, {m.threads} threads; {len(m.prompt_tokens)} prompts "
+        f"from {PROMPTS} ({min(m.prompt_tokens)}-{max(m.prompt_tokens)} tokens); "
+        f"max_new_tokens {config.max_new_tokens}, "
         f"gamma {config.gamma}, ngram_max {config.ngram_max}, greedy; engines interleaved per prompt, "
         f"fastest of {config.repeats} repeat(s) per prompt"
     )
