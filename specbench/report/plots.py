@@ -36,21 +36,23 @@ def all_plots(points: pd.DataFrame, categories: pd.DataFrame) -> list[Plot | tup
          "no speculative point with a baseline on the same categories"),
         ("Throughput vs peak memory", lambda: throughput_vs_memory(points), "no tokens/s and peak memory recorded"),
     ]
-    drawn: list[Plot | tuple[str, str]] = []
-    for title, make, reason in makers:
-        plot = make()
-        drawn.append(plot if plot is not None else (title, f"Not drawn: {reason}."))
-    return drawn
+    return _drawn(makers)
 
 
 def tune_plots(studies: list[StudyReport]) -> list[Plot | tuple[str, str]]:
     """The plots of a tune's output, in report order; (title, why not drawn) where there was nothing."""
-    drawn: list[Plot | tuple[str, str]] = []
-    for title, plot, reason in (
-        ("Objective by trial", objective_by_trial(studies), "no trial finished"),
-        ("Parameter importances", parameter_importances(studies),
+    return _drawn([
+        ("Objective by trial", lambda: objective_by_trial(studies), "no trial finished"),
+        ("Parameter importances", lambda: parameter_importances(studies),
          "; ".join(f"{s.study}: {s.importance_note}" for s in studies) or "no study"),
-    ):
+    ])
+
+
+def _drawn(makers) -> list[Plot | tuple[str, str]]:
+    """Each (title, make, reason): the plot `make` draws, or (title, why not drawn) when it draws nothing."""
+    drawn: list[Plot | tuple[str, str]] = []
+    for title, make, reason in makers:
+        plot = make()
         drawn.append(plot if plot is not None else (title, f"Not drawn: {reason}."))
     return drawn
 

@@ -156,10 +156,9 @@ def _tuned_ngram(draft: str, space: dict[str, Any] | None) -> bool:
 
 def display_trials(report: StudyReport) -> pd.DataFrame:
     """DISPLAY_COLUMNS as strings."""
-    value_spec = ".4g"
     rows = [(
         str(row["number"]), str(row["role"]), str(row["state"]).lower(), str(row["point_id"]),
-        fmt(row["value"], value_spec), fmt(row["best_so_far"], value_spec), fmt(row["speedup"], ".2f", "x"),
+        fmt(row["value"], ".4g"), fmt(row["best_so_far"], ".4g"), fmt(row["speedup"], ".2f", "x"),
         fmt(row["warm_start_prediction"], ".2f", "x"), fmt(row["prompts_measured"], "d"),
     ) for row in report.trials.to_dict("records")]
     return pd.DataFrame(rows, columns=DISPLAY_COLUMNS)

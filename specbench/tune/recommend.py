@@ -46,7 +46,8 @@ def engine_settings(row: dict[str, Any] | None, *, target: str, temperature: flo
     local GGUF file for llama.cpp; other references are passed through as the profile gave them."""
     sampling = {"do_sample": temperature > 0, **({"temperature": temperature, "top_p": top_p} if temperature > 0 else {})}
     llama_sampling = ["--temp", f"{temperature:g}", "--top-p", f"{top_p:g}"]
-    notes = [_builtin_note(ref) for ref in dict.fromkeys([target, (row or {}).get("draft_model")]) if _builtin_note(ref)]
+    references = dict.fromkeys([target, (row or {}).get("draft_model")])  # the target, then a distinct draft
+    notes = [note for note in map(_builtin_note, references) if note]
     if row is None:
         return {"vllm": {"speculative_config": None, "args": []},
                 "transformers": {"generate_kwargs": sampling},
