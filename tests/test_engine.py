@@ -21,7 +21,8 @@ def target():
 
 @pytest.fixture(scope="module")
 def baseline_ids(target) -> tuple[int, ...]:
-    return generate(target, BaselineProposer(DEVICE), PROMPT, gamma=1, temperature=0.0, max_new_tokens=MAX_NEW).output_ids
+    trace = generate(target, BaselineProposer(DEVICE), PROMPT, gamma=1, temperature=0.0, max_new_tokens=MAX_NEW)
+    return trace.output_ids
 
 
 def check_accounting(trace: Trace, *, gamma: int) -> None:

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 import specbench
 from specbench.cli import app
 from specbench.report import Format, ReportError, build_report, render, tables
+from test_sweep import PROFILE, PROMPTS
 from tiny import write_project
 
 # --- synthetic results: exact values --------------------------------------------------------------
@@ -369,35 +370,16 @@ def test_two_folders_with_one_name_are_named_by_path(tmp_path):
 
 # --- the command ----------------------------------------------------------------------------------
 
-TINY_PROFILE = """
-name = "tiny"
-[target]
-model = "./target"
-[[drafts]]
-name = "ngram"
-method = "ngram"
-[[drafts]]
-name = "close"
-method = "draft"
-model = "./draft"
-[sweep]
-gamma = [2, 3]
-temperature = [0.0, 0.8]
-[workload]
-prompts = "prompts.jsonl"
-max_new_tokens = 8
-[run]
-warmup = 0
-"""
-TINY_PROMPTS = [("the cat sat on the mat and the dog ran fast", "chat"),
-                ("write code to sum one two three four five", "code"),
-                ("why is the red cat big and the blue dog small", "chat")]
+# the sweep tests' project, one repeat of 8 tokens and no warm-up: the report only needs real results
+TINY_PROFILE = (PROFILE.replace("max_new_tokens = 16", "max_new_tokens = 8")
+                .replace("repeats = 2\nwarmup = 1", "warmup = 0"))
+assert TINY_PROFILE != PROFILE
 
 
 @pytest.fixture(scope="module")
 def tiny_results(tmp_path_factory) -> Path:
     """A parent folder holding one real sweep of tiny models (run once for this module)."""
-    project = write_project(tmp_path_factory.mktemp("tiny-project"), profile=TINY_PROFILE, prompts=TINY_PROMPTS)
+    project = write_project(tmp_path_factory.mktemp("tiny-project"), profile=TINY_PROFILE, prompts=PROMPTS)
     specbench.run(project / "tiny.toml", out=project / "results" / "tiny")
     return project / "results"
 

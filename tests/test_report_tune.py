@@ -20,7 +20,7 @@ from specbench.report import Format, build_report, render
 from specbench.report.trials import parameter_importances
 from specbench.tune.outputs import trials_frame
 from test_report import PNG_TAG, embedded_pngs, markdown_tables, report_cli
-from test_tune import models_dir, project  # noqa: F401 - fixtures
+from test_tune import project  # noqa: F401 - a fixture
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -64,7 +64,8 @@ RECOMMENDATION = {
         {"study": G, "temperature": 0.0, "top_p": 1.0, "speculate": True, "trial": 2, "point_id": "ngram-g2-t0-p1",
          "speedup": 1.7, "speedup_ci": [1.6, 1.8], "objective_value": 80.0, "evaluations": 5},
         {"study": S, "temperature": 0.8, "top_p": 1.0, "speculate": False, "trial": 1, "point_id": "ngram-g4-t0.8-p1",
-         "speedup": 0.95, "reason": "the best configuration (ngram-g4-t0.8-p1) is not measurably faster than the baseline"},
+         "speedup": 0.95,
+         "reason": "the best configuration (ngram-g4-t0.8-p1) is not measurably faster than the baseline"},
     ],
 }
 HEADER = "| trial | role | state | point | objective | best so far | speedup | warm-start pred. | prompts |"

@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from test_sweep import N_POINTS, assert_each_point_once, models_dir, project, read, run_cli  # noqa: F401 - fixtures
+from test_sweep import N_POINTS, assert_each_point_once, project, read, run_cli  # noqa: F401 - a fixture
 
 POSTGRES = os.environ.get("SPECBENCH_TEST_POSTGRES_URL")
 

@@ -21,7 +21,7 @@ from specbench.tune import evaluate
 from specbench.tune.propose import MAX_DUPLICATES_IN_A_ROW, Proposal, next_queued
 from specbench.tune.space import space_from_profile
 from specbench.tune.warmstart import Calibration, predicted_speedup, verify_ms
-from tiny import WORDS, write_model_folder, write_model_pair, write_project
+from tiny import WORDS, write_model_folder, write_project
 
 GRID = Path(__file__).parent / "fixtures" / "synthetic-grid"
 PROFILE = """
@@ -47,12 +47,8 @@ max_new_tokens = 12
 repeats = 2
 warmup = 0
 """
-PROMPTS = [("the cat sat on the mat and the dog ran fast", "chat"), ("write code to sum one two three four five", "chat")]
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory) -> Path:
-    return write_model_pair(tmp_path_factory.mktemp("models"))
+PROMPTS = [("the cat sat on the mat and the dog ran fast", "chat"),
+           ("write code to sum one two three four five", "chat")]
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from test_sweep import models_dir, project  # noqa: F401 - fixtures
+from test_sweep import project  # noqa: F401 - a fixture
 
 
 @pytest.mark.parametrize("command", ["run", "tune"])
