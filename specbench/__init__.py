@@ -4,15 +4,38 @@ __version__ = "0.1.0"
 
 
 def run(profile, *, out=None, fresh: bool = False, backend: str | None = None, device: str | None = None,
-        max_prompts: int | None = None):
-    """Run a profile (a path or a loaded `Profile`) like `specbench run`; returns a `RunResult` with
-    `points` and `requests` DataFrames and the output folder. For notebooks."""
+        max_prompts: int | None = None, storage: str | None = None, study: str | None = None, workers: int = 1,
+        observer=None):
+    """Run a profile (a path or a loaded `Profile`) like `specbench run`, with the same options; returns a
+    `RunResult` with `points` and `requests` DataFrames and the output folder. For notebooks and scripts."""
     from pathlib import Path
 
     from specbench.profile import Profile, load_profile, with_overrides
-    from specbench.sweep import run_sweep
+    from specbench.sweep import run_profile
 
     loaded = profile if isinstance(profile, Profile) else load_profile(profile)
     loaded = with_overrides(loaded, backend=backend, device=device, max_prompts=max_prompts)
-    out_dir = Path(out) if out is not None else Path("results") / loaded.name
-    return run_sweep(loaded, out_dir=out_dir, fresh=fresh)
+    return run_profile(loaded, out=Path(out) if out is not None else None, fresh=fresh, storage=storage, study=study,
+                       workers=workers, observer=observer)
+
+
+def tune(profile=None, *, out=None, replay=None, device: str | None = None, max_prompts: int | None = None,
+         objective: str = "tokens_per_s", observer=None, **settings):
+    """Tune a profile like `specbench tune` (`settings`: the TuneSettings fields, e.g. trials, seed, storage,
+    workers, fresh); returns a `TuneResult` with the trials and the recommendation."""
+    from pathlib import Path
+
+    from specbench.profile import Profile, load_profile, with_overrides
+    from specbench.results import default_out_dir
+    from specbench.tune import TuneSettings, parse_objective
+    from specbench.tune import tune as run_tune
+
+    loaded = None
+    if profile is not None:
+        loaded = profile if isinstance(profile, Profile) else load_profile(profile)
+        loaded = with_overrides(loaded, device=device, max_prompts=max_prompts)
+    name = loaded.name if loaded is not None else Path(replay).name
+    out_dir = Path(out) if out is not None else default_out_dir(name, suffix="-tune")
+    tune_settings = TuneSettings(objective=parse_objective(objective), **settings)
+    return run_tune(loaded, out_dir=out_dir, settings=tune_settings, replay=Path(replay) if replay else None,
+                    observer=observer)

@@ -12,16 +12,16 @@ from rich.console import Console
 from rich.markup import escape
 
 from specbench.devices import DeviceError
-from specbench.grid import run_grid
 from specbench.models import BUILTIN_MODELS, ModelError, fetch_builtin, list_builtins
 from specbench.profile import DEFAULT_PROFILE, ProfileError, load_profile, with_overrides
 from specbench.render import SweepProgress, print_builtins, print_run_summary
 from specbench.report import Format, ReportError, build_report, default_html_path, render
 from specbench.report.terminal import print_report
-from specbench.sweep import ResumeError, run_sweep
+from specbench.results import default_out_dir
+from specbench.sweep import ResumeError, run_profile
+from specbench.scaleout import ScaleOutError, WorkerError
 from specbench.tune import OBJECTIVES, Constraints, TuneError, TuneSettings, parse_objective, tune as run_tune
 from specbench.tune.render import TuneProgress, print_tune_summary
-from specbench.workers import WorkerError
 from specbench.workloads import WorkloadError
 
 app = typer.Typer(
@@ -31,7 +31,7 @@ app = typer.Typer(
 models_app = typer.Typer(help="Builtin models: list them, or fetch one for offline use.", invoke_without_command=True)
 app.add_typer(models_app, name="models")
 
-BAD_INPUT = (ProfileError, WorkloadError, ModelError, ResumeError, DeviceError, TuneError)
+BAD_INPUT = (ProfileError, WorkloadError, ModelError, ResumeError, DeviceError, TuneError, ScaleOutError)
 ONE_LINE = (*BAD_INPUT, WorkerError)  # errors shown as one line, exit code 2
 
 
@@ -67,15 +67,12 @@ def run(
         loaded = with_overrides(load_profile(path), backend=backend, device=device, max_prompts=max_prompts)
     except ProfileError as error:
         _fail(str(error))
-    out_dir = out or Path("results") / loaded.name
+    out_dir = out or default_out_dir(loaded.name)
     console = _console(stderr=json_output)
     try:
         with SweepProgress(console) as progress:
-            if storage is None and study is None and workers == 1:
-                result = run_sweep(loaded, out_dir=out_dir, fresh=fresh, observer=progress)
-            else:
-                result = run_grid(loaded, out_dir=out_dir, storage=storage, study=study, workers=workers, fresh=fresh,
-                                  observer=progress)
+            result = run_profile(loaded, out=out_dir, fresh=fresh, storage=storage, study=study, workers=workers,
+                                 observer=progress)
     except ONE_LINE as error:
         _fail(str(error))
     print_run_summary(console, result.points, str(out_dir))
@@ -123,7 +120,7 @@ def tune(
         elif profile is not None:
             _fail("--replay uses the profile recorded in the run folder; give no PROFILE with it")
         name = loaded.name if loaded is not None else replay.name
-        out_dir = out or Path("results") / f"{name}-tune"
+        out_dir = out or default_out_dir(name, suffix="-tune")
         console = _console(stderr=json_output)
         result = run_tune(loaded, out_dir=out_dir, settings=settings, replay=replay, observer=TuneProgress(console))
     except ONE_LINE as error:

@@ -29,7 +29,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from specbench.models import BUILTIN_MODELS
+from specbench.backends import BACKENDS
+from specbench.models import BUILTIN_MODELS, is_builtin
 from specbench.workloads import BUILTIN_SETS
 
 DEFAULT_PROFILE = "profiles/quickstart.toml"
@@ -107,8 +108,8 @@ def _resolve_model(reference: str, info: ValidationInfo) -> str:
     """builtin:NAME and hub ids stay as written; local paths become absolute and must exist."""
     if not reference.strip():
         raise _rule('must not be empty (set model = "builtin:..." or a hub id/path)')
-    if reference.startswith("builtin:"):
-        name = reference.removeprefix("builtin:")
+    if is_builtin(reference):
+        name = reference.partition(":")[2]
         if name not in BUILTIN_MODELS:
             raise _rule(f'unknown builtin model "{name}" (known: {", ".join(BUILTIN_MODELS)})')
         return reference
@@ -208,7 +209,7 @@ class RunSpec(_Spec):
 
 class Profile(_Spec):
     name: FolderName
-    backend: Literal["native", "hf"] = "native"
+    backend: Literal[tuple(BACKENDS)] = "native"  # type: ignore[valid-type] - the names of specbench.backends
     device: StrictStr = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     target: TargetSpec

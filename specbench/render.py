@@ -57,7 +57,7 @@ class SweepProgress:
             self.progress.console.print(f"[red]failed[/red] {spec.point_id}: {escape(str(row.get('error')))}")
 
 
-def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
+def fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return "-"
     return f"{value:{spec}}{suffix}"
@@ -83,13 +83,13 @@ def best_points_table(points: pd.DataFrame, *, per_temperature: int = 5) -> list
             match = row["outputs_match_baseline"]
             table.add_row(
                 row["point_id"],
-                f"{_fmt(row['speedup'])}x",
-                f"{_fmt(row['speedup_ci_low'])}-{_fmt(row['speedup_ci_high'])}",
-                _fmt(row["tokens_per_s"], ".1f"),
-                _fmt(row["acceptance_rate"], ".0%"),
-                _fmt(row["mean_accepted_length"]),
-                _fmt(row["tpot_ms_p50"], ".1f"),
-                _fmt(row["peak_memory_mb"], ".0f"),
+                f"{fmt(row['speedup'])}x",
+                f"{fmt(row['speedup_ci_low'])}-{fmt(row['speedup_ci_high'])}",
+                fmt(row["tokens_per_s"], ".1f"),
+                fmt(row["acceptance_rate"], ".0%"),
+                fmt(row["mean_accepted_length"]),
+                fmt(row["tpot_ms_p50"], ".1f"),
+                fmt(row["peak_memory_mb"], ".0f"),
                 "-" if match is None or match is pd.NA else ("yes" if match else "[bold red]NO[/bold red]"),
                 style="bold green" if row["point_id"] == best_id and row["method"] != "baseline" else None,
             )

@@ -24,6 +24,17 @@ from specbench.engine.trace import Trace
 REQUESTS_FILE = "requests.parquet"
 POINTS_FILE = "points.parquet"
 MANIFEST_FILE = "manifest.json"
+RESULTS_DIR = Path("results")
+
+
+def default_out_dir(profile_name: str, *, suffix: str = "") -> Path:
+    """results/<profile name><suffix>: where `run` (no suffix) and `tune` ("-tune") write by default."""
+    return RESULTS_DIR / f"{profile_name}{suffix}"
+
+
+def stable_hash(data: Any) -> str:
+    """A short content hash of plain data (run keys, point keys, grids)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -46,9 +57,33 @@ class PointSpec:
     def baseline_id(self) -> str:
         return baseline_point_id(self.temperature, self.top_p)
 
+    @classmethod
+    def baseline(cls, temperature: float, top_p: float) -> "PointSpec":
+        return cls(baseline_point_id(temperature, top_p), "baseline", "baseline", None, temperature, top_p)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "PointSpec":
+        """The spec of a row of points.parquet (or of any frame with its columns)."""
+        return cls(**{name: plain(row[name]) for name in cls.__dataclass_fields__})
+
 
 def baseline_point_id(temperature: float, top_p: float) -> str:
     return f"baseline-t{temperature:g}-p{top_p:g}"
+
+
+def point_id(draft: str, gamma: int, temperature: float, top_p: float, *, ngram_max: int | None = None) -> str:
+    """`<draft>[-n<ngram_max>]-g<gamma>-t<T>-p<top_p>`; the n-gram length only where it is tuned."""
+    ngram = f"-n{ngram_max}" if ngram_max is not None else ""
+    return f"{draft}{ngram}-g{gamma}-t{temperature:g}-p{top_p:g}"
+
+
+def plain(value: Any) -> Any:
+    """A parquet cell as a plain Python value (nullable ints come back as floats or NA)."""
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value.item() if hasattr(value, "item") else value
 
 
 def request_row(spec: PointSpec, *, point_key: str, prompt_id: str, category: str, repeat: int, seed: int,

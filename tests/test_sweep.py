@@ -18,37 +18,19 @@ import pytest
 from typer.testing import CliRunner
 
 import specbench
-from specbench import results, sweep
+from specbench import results
+from specbench.backends.inprocess import InProcessSession
+from specbench.sweep.plan import plan_points
 from specbench.cli import app
 from specbench.profile import load_profile
-from tiny import WORDS, tiny_llama, word_tokenizer, write_model_folder, write_project
+from tiny import WORDS, tiny_llama, tiny_profile, word_tokenizer, write_model_folder, write_project
 
 PROMPTS = [
     ("the cat sat on the mat and the dog ran fast", "chat"),
     ("write code to sum one two three four five", "code"),
     ("why is the red cat big and the blue dog small", "chat"),
 ]
-PROFILE = """
-name = "tiny"
-[target]
-model = "./target"
-[[drafts]]
-name = "ngram"
-method = "ngram"
-[[drafts]]
-name = "close"
-method = "draft"
-model = "./draft"
-[sweep]
-gamma = [2, 3]
-temperature = [0.0, 0.8]
-[workload]
-prompts = "prompts.jsonl"
-max_new_tokens = 16
-[run]
-repeats = 2
-warmup = 1
-"""
+PROFILE = tiny_profile()
 N_POINTS = 2 * (1 + 2 * 2)  # per temperature: the baseline, then 2 drafts x 2 gammas
 N_REQUESTS = len(PROMPTS) * 2
 
@@ -139,20 +121,20 @@ def test_rerun_resumes_and_fresh_starts_over(project):
 
 def test_a_crash_mid_sweep_resumes_with_every_point_once(project, monkeypatch):
     calls = {"n": 0}
-    real = sweep._run_point
+    real = InProcessSession.run_point
 
-    def crashing(spec, ctx, *, observer):
+    def crashing(self, spec, **kwargs):
         calls["n"] += 1
         if calls["n"] == 4:
             raise KeyboardInterrupt  # not an Exception: it ends the sweep like a kill would
-        return real(spec, ctx, observer=observer)
+        return real(self, spec, **kwargs)
 
-    monkeypatch.setattr(sweep, "_run_point", crashing)
+    monkeypatch.setattr(InProcessSession, "run_point", crashing)
     with pytest.raises(KeyboardInterrupt):
         specbench.run("tiny.toml")
     points, _ = read(project / "results" / "tiny")
     assert len(points) == 3
-    monkeypatch.setattr(sweep, "_run_point", real)
+    monkeypatch.setattr(InProcessSession, "run_point", real)
     resumed = specbench.run("tiny.toml")
     assert len(resumed.ran) == N_POINTS - 3
     assert_each_point_once(project / "results" / "tiny")
@@ -178,14 +160,14 @@ def test_kill_9_then_rerun_finishes_with_every_point_once(project):
 
 
 def test_a_failing_point_is_recorded_and_the_sweep_goes_on(project, monkeypatch):
-    real = sweep._run_point
+    real = InProcessSession.run_point
 
-    def flaky(spec, ctx, *, observer):
+    def flaky(self, spec, **kwargs):
         if spec.point_id == "ngram-g3-t0.8-p1":
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore details")
-        return real(spec, ctx, observer=observer)
+        return real(self, spec, **kwargs)
 
-    monkeypatch.setattr(sweep, "_run_point", flaky)
+    monkeypatch.setattr(InProcessSession, "run_point", flaky)
     result = run_cli("tiny.toml")
     assert result.exit_code == 1
     points, requests = read(project / "results" / "tiny")
@@ -195,7 +177,7 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(project, monkeypatch)
     assert (points["status"] == "ok").sum() == N_POINTS - 1
     assert "ngram-g3-t0.8-p1" not in set(requests["point_id"])
     # the next run retries only the failed point
-    monkeypatch.setattr(sweep, "_run_point", real)
+    monkeypatch.setattr(InProcessSession, "run_point", real)
     assert specbench.run("tiny.toml").ran == ["ngram-g3-t0.8-p1"]
     assert_each_point_once(project / "results" / "tiny")
 
@@ -283,7 +265,7 @@ def test_resuming_into_a_folder_of_another_run_is_refused(project):
 
 def test_the_quickstart_profile_plans_baselines_first():
     profile = load_profile(Path(__file__).parents[1] / "profiles" / "quickstart.toml")
-    points = sweep.plan_points(profile)
+    points = plan_points(profile)
     assert [p.point_id for p in points if p.method == "baseline"] == ["baseline-t0-p1", "baseline-t0.8-p1"]
     assert points[0].method == "baseline"
     assert len(points) == len(profile.sweep.temperature) * (1 + len(profile.drafts) * len(profile.sweep.gamma))

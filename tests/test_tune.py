@@ -21,32 +21,10 @@ from specbench.tune import evaluate
 from specbench.tune.propose import MAX_DUPLICATES_IN_A_ROW, Proposal, next_queued
 from specbench.tune.space import space_from_profile
 from specbench.tune.warmstart import Calibration, predicted_speedup, verify_ms
-from tiny import WORDS, write_model_folder, write_project
+from tiny import WORDS, tiny_profile, write_model_folder, write_project
 
 GRID = Path(__file__).parent / "fixtures" / "synthetic-grid"
-PROFILE = """
-name = "tiny"
-[target]
-model = "./target"
-[[drafts]]
-name = "ngram"
-method = "ngram"
-ngram_min = 1
-ngram_max = 2
-[[drafts]]
-name = "close"
-method = "draft"
-model = "./draft"
-[sweep]
-gamma = [1, 3]
-temperature = [0.0]
-[workload]
-prompts = "prompts.jsonl"
-max_new_tokens = 12
-[run]
-repeats = 2
-warmup = 0
-"""
+PROFILE = tiny_profile(gamma=(1, 3), temperature=(0.0,), max_new_tokens=12, warmup=0, ngram=(1, 2))
 PROMPTS = [("the cat sat on the mat and the dog ran fast", "chat"),
            ("write code to sum one two three four five", "chat")]
 

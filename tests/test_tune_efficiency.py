@@ -12,7 +12,8 @@ import pytest
 from specbench.tune import TuneSettings, parse_objective, tune
 from specbench.tune.evaluate import Replay
 from specbench.tune.measure import measure
-from specbench.tune.space import space_from_profile, temperature_groups
+from specbench.sweep.plan import temperature_groups
+from specbench.tune.space import space_from_profile
 
 GRID = Path(__file__).parent / "fixtures" / "synthetic-grid"
 SEEDS = (0, 1, 2, 3, 4)

@@ -15,7 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from specbench.tune.study import verdict
+from specbench.scaleout.claims import verdict
 
 GRID = Path(__file__).parent / "fixtures" / "synthetic-grid"
 TRIALS = 12

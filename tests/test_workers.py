@@ -23,7 +23,7 @@ def test_a_failed_worker_is_one_line_naming_it_and_exit_2(project, command):
 
 
 def test_workers_take_the_visible_gpus_in_turn_or_only_the_one_the_profile_names(monkeypatch):
-    from specbench.workers import WorkerError, worker_gpus
+    from specbench.scaleout.workers import WorkerError, worker_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
     assert worker_gpus("cuda") == worker_gpus("auto") == ["3", "5", "7"]

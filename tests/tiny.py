@@ -100,3 +100,19 @@ def write_project(folder: Path, *, profile: str, prompts: list[tuple[str, str]],
         "".join(json.dumps({"prompt": text, "category": category}) + "\n" for text, category in prompts))
     (folder / "tiny.toml").write_text(profile)
     return folder
+
+
+def tiny_profile(*, gamma: tuple[int, ...] = (2, 3), temperature: tuple[float, ...] = (0.0, 0.8),
+                 max_new_tokens: int = 16, repeats: int = 2, warmup: int = 1,
+                 ngram: tuple[int, int] | None = None) -> str:
+    """The tiny project's profile (tiny.toml): the target, an n-gram draft (with `ngram` = (min, max) if given)
+    and the near-copy draft model, over `gamma` x `temperature`."""
+    ngram_keys = f"ngram_min = {ngram[0]}\nngram_max = {ngram[1]}\n" if ngram else ""
+    return (
+        '\nname = "tiny"\n[target]\nmodel = "./target"\n'
+        f'[[drafts]]\nname = "ngram"\nmethod = "ngram"\n{ngram_keys}'
+        '[[drafts]]\nname = "close"\nmethod = "draft"\nmodel = "./draft"\n'
+        f"[sweep]\ngamma = [{', '.join(map(str, gamma))}]\ntemperature = [{', '.join(map(str, temperature))}]\n"
+        f'[workload]\nprompts = "prompts.jsonl"\nmax_new_tokens = {max_new_tokens}\n'
+        f"[run]\nrepeats = {repeats}\nwarmup = {warmup}\n"
+    )

@@ -20,10 +20,11 @@ from typing import Any, Protocol
 import pandas as pd
 
 from specbench import results
-from specbench.engine.costs import verify_costs_ms
 from specbench.profile import Profile, ProfileError, profile_from_dict
-from specbench.results import PointSpec, baseline_point_id
-from specbench.sweep import RunFiles, _Context, _point_context, evaluate_point, point_key
+from specbench.results import PointSpec
+from specbench.sweep import RunFiles, evaluate_point
+from specbench.sweep.context import RunContext
+from specbench.sweep.files import CONTEXT_COLUMNS
 from specbench.tune.space import TuneError
 
 AfterBatch = Callable[[pd.DataFrame], None]
@@ -51,19 +52,14 @@ class Evaluator(Protocol):
     def verify_costs(self, max_tokens: int) -> tuple[float, ...]: ...
 
 
-def baseline_spec(temperature: float, top_p: float) -> PointSpec:
-    return PointSpec(baseline_point_id(temperature, top_p), "baseline", "baseline", None, temperature, top_p)
-
-
 class Live:
-    def __init__(self, ctx: _Context, files: RunFiles):
+    def __init__(self, ctx: RunContext, files: RunFiles):
         self.ctx = ctx
         self.files = files
-        self._verify_costs: dict[int, tuple[float, ...]] = {}
 
     def baseline(self, temperature: float, top_p: float) -> tuple[PointSpec, pd.DataFrame]:
         """Measured once per output folder: local workers wait for the one that runs it."""
-        spec = baseline_spec(temperature, top_p)
+        spec = PointSpec.baseline(temperature, top_p)
         with self.files.lock("baseline"):
             with self.files.lock():  # never read a parquet file while another process replaces it
                 rows = self.files.recorded(spec, self.ctx)
@@ -86,20 +82,12 @@ class Live:
         return Outcome(pd.DataFrame(rows), error, evaluated=True)
 
     def context(self, spec: PointSpec) -> dict[str, Any]:
-        return _point_context(spec, self.ctx, point_key(spec, self.ctx))
+        return self.ctx.point_context(spec)
 
     def verify_costs(self, max_tokens: int) -> tuple[float, ...]:
-        """The target's forward time for 1..max_tokens tokens, after a typical context (the median prompt
-        plus half the output); timed once per process. Empty for the hf backend, whose drafting the
-        warm start cannot see anyway."""
-        if self.ctx.profile.backend != "native":
-            return ()
-        if max_tokens not in self._verify_costs:
-            prompt_tokens = sorted(len(ids) for ids in self.ctx.prompt_ids)
-            context = prompt_tokens[len(prompt_tokens) // 2] + self.ctx.profile.workload.max_new_tokens // 2
-            self._verify_costs[max_tokens] = verify_costs_ms(self.ctx.target.model, max_tokens=max_tokens,
-                                                             context_tokens=max(context, 1))
-        return self._verify_costs[max_tokens]
+        """The target's forward time for 1..max_tokens tokens, as the backend times it (empty where it
+        cannot: the warm start then interpolates)."""
+        return self.ctx.session.verify_costs(max_tokens)
 
 
 class Replay:
@@ -121,7 +109,7 @@ class Replay:
         self.prompt_order = list(manifest.get("workload", {}).get("prompt_ids") or dict.fromkeys(requests["prompt_id"]))
 
     def baseline(self, temperature: float, top_p: float) -> tuple[PointSpec, pd.DataFrame]:
-        spec = baseline_spec(temperature, top_p)
+        spec = PointSpec.baseline(temperature, top_p)
         rows = self._rows(spec)
         if rows is None:
             raise TuneError(f"--replay {self.folder}: the recording has no baseline at temperature {temperature:g}, "
@@ -141,8 +129,7 @@ class Replay:
 
     def context(self, spec: PointSpec) -> dict[str, Any]:
         row = self._point(spec)
-        return {"backend": row["backend"], "target_model": row["target_model"], "weight_mb": row["weight_mb"],
-                "point_key": row["point_key"]} if row is not None else {}
+        return {name: row[name] for name in CONTEXT_COLUMNS} if row is not None else {}
 
     def _point(self, spec: PointSpec) -> dict[str, Any] | None:
         match = self.points[

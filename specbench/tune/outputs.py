@@ -4,21 +4,16 @@ study), recommendation.json (the choice per temperature and how to deploy it) an
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 import pandas as pd
 
 from specbench import results
 from specbench.profile import dump_profile, profile_from_dict
+from specbench.scaleout.storage import masked
+from specbench.tune.plan import RECOMMENDATION_JSON, RECOMMENDATION_TOML, TRIALS_FILE, Plan, TuneResult
 from specbench.tune.recommend import choose, engine_settings
-
-if TYPE_CHECKING:
-    from specbench.tune.runner import Plan, TuneResult
-
-TRIALS_FILE = "trials.parquet"
-RECOMMENDATION_JSON = "recommendation.json"
-RECOMMENDATION_TOML = "recommendation.toml"
 
 _TRIAL_COLUMNS = [
     "study", "number", "state", "role", "point_id", "draft", "gamma", "ngram_max", "temperature", "top_p",
@@ -68,9 +63,7 @@ def trials_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return frame.astype(dtypes)
 
 
-def write(plan: "Plan", studies: dict[str, optuna.Study]) -> "TuneResult":
-    from specbench.tune.runner import TuneResult
-
+def write(plan: Plan, studies: dict[str, optuna.Study]) -> TuneResult:
     all_rows, choices = [], []
     for group in plan.groups:
         rows = trial_rows(studies[group.study], temperature=group.temperature, top_p=group.top_p)
@@ -81,7 +74,7 @@ def write(plan: "Plan", studies: dict[str, optuna.Study]) -> "TuneResult":
                       "directions": list(plan.settings.objective.directions)},
         "constraints": {"max_peak_memory_mb": plan.settings.constraints.max_peak_memory_mb,
                         "min_acceptance_rate": plan.settings.constraints.min_acceptance_rate},
-        "tolerance": plan.settings.tolerance, "seed": plan.settings.seed, "storage": _masked(plan.storage_url),
+        "tolerance": plan.settings.tolerance, "seed": plan.settings.seed, "storage": masked(plan.storage_url),
         "replay": str(plan.replay) if plan.replay else None, "profile": plan.profile.name,
         "target": plan.profile.target.model, "search_space": plan.space.describe(),
         "space_size": len(plan.space.configs()), "temperatures": choices,
@@ -95,7 +88,7 @@ def write(plan: "Plan", studies: dict[str, optuna.Study]) -> "TuneResult":
     return TuneResult(plan.out_dir, frame, recommendation, profile_toml)
 
 
-def _recommendation(plan: "Plan", group, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _recommendation(plan: Plan, group, rows: list[dict[str, Any]]) -> dict[str, Any]:
     objective = plan.settings.objective
     finished = [r for r in rows if r["state"] in ("COMPLETE", "PRUNED")]
     evaluated = {r["point_id"] for r in rows if r["evaluated"]}
@@ -147,7 +140,7 @@ def _ratio(value: Any) -> str:
     return "-" if value is None or value != value else f"{value:.2f}x"
 
 
-def recommendation_profile(plan: "Plan", choices: list[dict[str, Any]]) -> str:
+def recommendation_profile(plan: Plan, choices: list[dict[str, Any]]) -> str:
     """The tuned profile narrowed to the recommended drafts, gammas and temperatures. When temperatures
     recommend different points, `specbench run` runs their combinations too (a profile is a grid)."""
     data = profile_from_dict_data(plan)
@@ -177,14 +170,8 @@ def recommendation_profile(plan: "Plan", choices: list[dict[str, Any]]) -> str:
     return "\n".join(header) + "\n" + dump_profile(profile)
 
 
-def profile_from_dict_data(plan: "Plan") -> dict[str, Any]:
+def profile_from_dict_data(plan: Plan) -> dict[str, Any]:
     """The tuned profile as TOML-shaped data (no None values, no keys a draft's method ignores)."""
     import tomllib
 
     return tomllib.loads(dump_profile(plan.profile))
-
-
-def _masked(url: str) -> str:
-    from specbench.tune.study import _masked as masked
-
-    return masked(url)

@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from specbench.tune.space import SearchSpace
-from specbench.tune.study import claims
+from specbench.scaleout.claims import claims, point_of
 from specbench.tune.warmstart import Calibration, predicted_speedup
 
 MAX_DUPLICATES_IN_A_ROW = 20  # then an unclaimed point at random: the sampler has converged
@@ -78,10 +78,10 @@ def next_queued(study: optuna.Study, number: int, *, space: SearchSpace, seed: i
     queued = [Proposal(space.params(config), {"role": "calibration"}) for config in space.calibration_configs()]
     queued += [Proposal(params, {"role": "warm_start", "predicted_speedup": value})
                for params, value in study.user_attrs.get("warm_start", {}).get("queued", [])]
-    first = next((p for p in queued if _point(p.params) not in held), None)
+    first = next((p for p in queued if point_of(p.params) not in held), None)
     if first is not None or not _converged(trials, number):
         return first
-    unclaimed = [config for config in space.configs() if _point(space.params(config)) not in held]
+    unclaimed = [config for config in space.configs() if point_of(space.params(config)) not in held]
     if not unclaimed:
         return None
     config = random.Random(seed * 100_003 + number).choice(unclaimed)
@@ -96,7 +96,7 @@ def record_warm_start(study: optuna.Study, *, space: SearchSpace, count: int) ->
     trials = study.get_trials(deepcopy=False)
     held = claims(trials, budget=None).points
     by_number = {t.number: t for t in trials}
-    numbers = [held.get(_point(space.params(config))) for config in space.calibration_configs()]
+    numbers = [held.get(point_of(space.params(config))) for config in space.calibration_configs()]
     if any(n is None or not by_number[n].state.is_finished() for n in numbers):
         return
     holders = [by_number[n] for n in numbers]
@@ -109,7 +109,7 @@ def record_warm_start(study: optuna.Study, *, space: SearchSpace, count: int) ->
         if calibration is not None:
             predictions.append((params, predicted_speedup(calibration, config.gamma)))
     predictions.sort(key=lambda item: -item[1])
-    queued = [[p, v] for p, v in predictions if _point(p) not in held][:count]
+    queued = [[p, v] for p, v in predictions if point_of(p) not in held][:count]
     study.set_user_attr("warm_start", {"predictions": [[p, round(v, 6)] for p, v in predictions], "queued": queued})
 
 
@@ -117,7 +117,3 @@ def _converged(trials: list[FrozenTrial], number: int) -> bool:
     """Whether the last MAX_DUPLICATES_IN_A_ROW trials before `number` were all duplicates."""
     earlier = sorted((t for t in trials if t.number < number), key=lambda t: t.number)[-MAX_DUPLICATES_IN_A_ROW:]
     return len(earlier) == MAX_DUPLICATES_IN_A_ROW and all(t.user_attrs.get("role") == "duplicate" for t in earlier)
-
-
-def _point(params: dict[str, Any]) -> tuple:
-    return tuple(sorted(params.items()))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specbench.models import BUILTIN_MODELS, BUILTIN_PREFIX, builtin_gguf_path
+from specbench.models import builtin_gguf_path, builtin_model, builtin_name, is_builtin
 from specbench.tune.space import Objective
 
 
@@ -80,9 +80,9 @@ def engine_settings(row: dict[str, Any] | None, *, target: str, temperature: flo
 
 
 def _builtin(reference: str | None):
-    if reference is None or not reference.startswith(BUILTIN_PREFIX):
+    if reference is None or not is_builtin(reference):
         return None
-    return BUILTIN_MODELS.get(reference.removeprefix(BUILTIN_PREFIX))
+    return builtin_model(builtin_name(reference))  # the profile checked the name
 
 
 def _hub(reference: str) -> str:

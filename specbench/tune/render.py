@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from specbench.render import _fmt
+from specbench.render import fmt
 
 
 class TuneProgress:
@@ -24,7 +24,7 @@ class TuneProgress:
 
     def trial_finished(self, study: str, row: dict[str, Any]) -> None:
         state = {"COMPLETE": "[green]done[/green]", "PRUNED": "[yellow]pruned[/yellow]"}.get(row["state"], "[red]failed[/red]")
-        detail = escape(str(row["error"])) if row.get("error") else f"objective {_fmt(row.get('value'), '.4g')}"
+        detail = escape(str(row["error"])) if row.get("error") else f"objective {fmt(row.get('value'), '.4g')}"
         reused = " (recorded)" if row.get("evaluated") is False else ""
         self.console.print(f"{study} #{row['number']} {row['point_id']}: {state} {detail}{reused}", highlight=False)
 
@@ -37,15 +37,15 @@ def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
             lines.append(head + f"no speculation — {escape(str(choice.get('reason', '')))}")
         else:
             ci = choice["speedup_ci"]
-            lines.append(head + f"[bold green]{choice['point_id']}[/bold green]  speedup {_fmt(choice['speedup'])}x "
-                         f"(95% CI {_fmt(ci[0])}-{_fmt(ci[1])}{_prediction(choice)}), "
-                         f"{_fmt(choice['tokens_per_s'], '.1f')} tok/s, acceptance {_fmt(choice['acceptance_rate'], '.0%')}, "
-                         f"peak {_fmt(choice['peak_memory_mb'], '.0f')} MB")
+            lines.append(head + f"[bold green]{choice['point_id']}[/bold green]  speedup {fmt(choice['speedup'])}x "
+                         f"(95% CI {fmt(ci[0])}-{fmt(ci[1])}{_prediction(choice)}), "
+                         f"{fmt(choice['tokens_per_s'], '.1f')} tok/s, acceptance {fmt(choice['acceptance_rate'], '.0%')}, "
+                         f"peak {fmt(choice['peak_memory_mb'], '.0f')} MB")
             vllm = choice["engine_settings"]["vllm"]["args"]
             lines.append(f"  vLLM: {escape(' '.join(vllm[:1] + [repr(a) for a in vllm[1:]]))}")
             for r in choice.get("pareto_front", []):
-                lines.append(f"  front: {r['point_id']}  {_fmt(r['tokens_per_s'], '.1f')} tok/s, "
-                             f"{_fmt(r['peak_memory_mb'], '.0f')} MB")
+                lines.append(f"  front: {r['point_id']}  {fmt(r['tokens_per_s'], '.1f')} tok/s, "
+                             f"{fmt(r['peak_memory_mb'], '.0f')} MB")
         lines.append(f"  {choice['evaluations']} evaluations, {choice['trials']} trials of "
                      f"{recommendation['space_size']} configurations")
     title = f"recommendation ({recommendation['objective']['name']})"
@@ -61,8 +61,8 @@ def trials_table(study: str, trials: pd.DataFrame) -> Table:
     shown = trials[~trials["role"].isin(["duplicate", "surplus"])]
     for row in shown.to_dict("records"):
         table.add_row(str(row["number"]), _text(row["role"]), _text(row["point_id"]), _text(row["state"]).lower(),
-                      _fmt(row["value"], ".4g"), _fmt(row["speedup"]), _fmt(row["acceptance_rate"], ".0%"),
-                      _fmt(row["peak_memory_mb"], ".0f"), _fmt(row["warm_start_prediction"]))
+                      fmt(row["value"], ".4g"), fmt(row["speedup"]), fmt(row["acceptance_rate"], ".0%"),
+                      fmt(row["peak_memory_mb"], ".0f"), fmt(row["warm_start_prediction"]))
     return table
 
 
@@ -77,9 +77,9 @@ def _prediction(choice: dict[str, Any]) -> str:
     """The warm start's prediction (timed verify costs, the drafted-token distribution) where there is one,
     else the point's own Leviathan prediction."""
     if choice.get("warm_start_prediction") is not None:
-        return f", warm start predicted {_fmt(choice['warm_start_prediction'])}x"
+        return f", warm start predicted {fmt(choice['warm_start_prediction'])}x"
     if choice.get("predicted_speedup") is not None:
-        return f", predicted {_fmt(choice['predicted_speedup'])}x"
+        return f", predicted {fmt(choice['predicted_speedup'])}x"
     return ""
 
 

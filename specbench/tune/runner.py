@@ -4,59 +4,38 @@ One study per temperature (and top_p). A worker measures the baseline, then asks
 proposes the first point of the queue of `propose` that no trial holds (one calibration point per draft
 at the largest gamma, then the configurations the analytic model predicts best), else what the seeded
 TPE sampler proposes; every proposal goes through the claim rule of `study`, so workers in any number of
-processes and machines share a study with no point run twice.
+processes and machines share a study with no point run twice (`specbench.scaleout`).
 """
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 import optuna
 import pandas as pd
+from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from specbench import results
 from specbench.profile import Profile
-from specbench.sweep import RunFiles, prepare
+from specbench.sweep import RunFiles
+from specbench.sweep.context import open_run
+from specbench.sweep.loop import SilentObserver
+from specbench.scaleout.claims import claims, verdict
+from specbench.scaleout.liveness import (
+    Heartbeat, asked, fail_stale_trials, new_worker_id, others_running, release, wait_for_others,
+)
+from specbench.scaleout.storage import open_storage, open_study, quiet_optuna
+from specbench.scaleout.workers import run_workers
 from specbench.tune import outputs
 from specbench.tune.evaluate import Evaluator, Live, Pruned, Replay
 from specbench.tune.measure import NotMeasured, measure
+from specbench.tune.plan import Group, Plan, TuneResult, TuneSettings, clear, make_plan
 from specbench.tune.propose import QueueFirst, next_queued, record_warm_start
-from specbench.tune.space import Constraints, Objective, SearchSpace, TuneError, space_from_profile, temperature_groups
-from specbench.tune.study import (
-    DEFAULT_STORAGE_FILE, check_study, claims, fail_stale_trials, new_worker_id, open_storage, open_study,
-    storage_url, study_name, verdict,
-)
 from specbench.tune.warmstart import calibrate
-from specbench.workers import run_workers
-
-
-@dataclass(frozen=True)
-class TuneSettings:
-    objective: Objective
-    constraints: Constraints = field(default_factory=Constraints)
-    trials: int = 20
-    seed: int = 0
-    warm_start: int = 3  # predicted-best configurations tried right after the calibration trials
-    tolerance: float = 0.01  # near-ties: within max(noise, tolerance x best) of the best
-    prune: bool = True
-    storage: str | None = None
-    study: str | None = None
-    workers: int = 1
-    fresh: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("trials", "workers"):
-            if getattr(self, name) < 1:
-                raise TuneError(f"--{name}: must be an integer >= 1 (got {getattr(self, name)})")
-        if self.warm_start < 0:
-            raise TuneError(f"--warm-start: must be an integer >= 0 (got {self.warm_start})")
-        if self.tolerance < 0:
-            raise TuneError(f"--tolerance: must be >= 0 (got {self.tolerance:g})")
 
 
 class TuneObserver(Protocol):
@@ -64,54 +43,14 @@ class TuneObserver(Protocol):
     def trial_finished(self, study: str, row: dict[str, Any]) -> None: ...
 
 
-class _Silent:
-    def message(self, text): pass
-    def trial_finished(self, study, row): pass
-
-
-@dataclass(frozen=True)
-class Group:
-    temperature: float
-    top_p: float
-    study: str
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything a worker needs; picklable, so local worker processes receive it."""
-
-    profile: Profile
-    space: SearchSpace
-    settings: TuneSettings
-    out_dir: Path
-    storage_url: str
-    groups: tuple[Group, ...]
-    replay: Path | None
-
-    def attrs(self, group: Group) -> dict[str, Any]:
-        """Stored with each study; a study is resumed only with the same ones."""
-        return {"search_space": self.space.describe(), "objective": self.settings.objective.name,
-                "constraints": [self.settings.constraints.max_peak_memory_mb,
-                                self.settings.constraints.min_acceptance_rate],
-                "temperature": group.temperature, "top_p": group.top_p}
-
-
-@dataclass
-class TuneResult:
-    out_dir: Path
-    trials: pd.DataFrame
-    recommendation: dict[str, Any]
-    profile_toml: str
-
-
 def tune(profile: Profile | None, *, out_dir: Path, settings: TuneSettings, replay: Path | None = None,
          observer: TuneObserver | None = None) -> TuneResult:
     """Tune `profile` (or the profile of the recording `replay`) into `out_dir`; resumes the studies
     found in the storage. Bad input raises TuneError before anything is written."""
-    observer = observer or _Silent()
+    observer = observer or SilentObserver()
     plan = make_plan(profile, out_dir=out_dir, settings=settings, replay=replay)
     if settings.fresh:
-        _clear(plan)
+        clear(plan)
     out_dir.mkdir(parents=True, exist_ok=True)
     if settings.workers == 1:
         work(plan, worker_index=0, observer=observer)
@@ -120,50 +59,13 @@ def tune(profile: Profile | None, *, out_dir: Path, settings: TuneSettings, repl
     return finish(plan)
 
 
-def make_plan(profile: Profile | None, *, out_dir: Path, settings: TuneSettings, replay: Path | None) -> Plan:
-    if replay is not None:
-        if profile is not None:
-            raise TuneError("--replay uses the profile recorded in the run folder; give no PROFILE with it")
-        profile = Replay(replay).profile
-    assert profile is not None
-    space = space_from_profile(profile, tune_ngram=replay is None)
-    base = settings.study or f"{profile.name}-{settings.objective.name}"
-    groups = tuple(Group(t, p, study_name(base, t, p)) for t, p in temperature_groups(profile))
-    plan = Plan(profile, space, settings, out_dir, storage_url(settings.storage, out_dir), groups, replay)
-    if settings.storage is not None or (out_dir / DEFAULT_STORAGE_FILE).exists():
-        storage = open_storage(plan.storage_url)
-        if not settings.fresh:
-            for group in groups:
-                check_study(storage, group.study, plan.attrs(group))
-    return plan
-
-
-def _clear(plan: Plan) -> None:
-    """--fresh: drop this tune's studies and files (the run's own files too, unless replaying)."""
-    if plan.settings.storage is None:
-        (plan.out_dir / DEFAULT_STORAGE_FILE).unlink(missing_ok=True)
-    else:
-        storage = open_storage(plan.storage_url)
-        for group in plan.groups:
-            try:
-                optuna.delete_study(study_name=group.study, storage=storage)
-            except KeyError:
-                pass  # not created yet
-    names = [outputs.TRIALS_FILE, outputs.RECOMMENDATION_JSON, outputs.RECOMMENDATION_TOML]
-    if plan.replay is None:
-        names += [results.REQUESTS_FILE, results.POINTS_FILE, results.MANIFEST_FILE]
-    for name in names:
-        (plan.out_dir / name).unlink(missing_ok=True)
-
-
 def _worker_main(plan: Plan, index: int) -> None:
-    work(plan, worker_index=index, observer=_Silent())
+    work(plan, worker_index=index, observer=SilentObserver())
 
 
 def work(plan: Plan, *, worker_index: int, observer: TuneObserver) -> None:
     """One worker: every study of the plan, until each has its trials."""
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    quiet_optuna()
     worker = new_worker_id()
     evaluator = _evaluator(plan, observer)
     storage = open_storage(plan.storage_url)
@@ -171,16 +73,16 @@ def work(plan: Plan, *, worker_index: int, observer: TuneObserver) -> None:
         sampler = _sampler(plan, worker_index)
         study = open_study(storage, group.study, plan.attrs(group), directions=list(plan.settings.objective.directions),
                            sampler=sampler, pruner=_pruner(plan))
-        fail_stale_trials(study, worker=worker)
+        fail_stale_trials(study, storage, worker=worker)
         baseline, baseline_rows = evaluator.baseline(group.temperature, group.top_p)
-        _search(study, group, plan=plan, sampler=sampler, evaluator=evaluator, worker=worker, baseline=baseline,
-                baseline_rows=baseline_rows, observer=observer)
+        _search(study, storage, group, plan=plan, sampler=sampler, evaluator=evaluator, worker=worker,
+                baseline=baseline, baseline_rows=baseline_rows, observer=observer)
 
 
 def _evaluator(plan: Plan, observer: TuneObserver) -> Evaluator:
     if plan.replay is not None:
         return Replay(plan.replay)
-    ctx = prepare(plan.profile, observer=observer)
+    ctx = open_run(plan.profile, observer=observer)
     files = RunFiles(plan.out_dir)
     files.open(ctx, [], fresh=False)
     return Live(ctx, files)
@@ -208,15 +110,20 @@ def _pruner(plan: Plan) -> optuna.pruners.BasePruner:
     return optuna.pruners.PercentilePruner(75.0, n_startup_trials=4, n_warmup_steps=1)
 
 
-def _search(study: optuna.Study, group: Group, *, plan: Plan, sampler: QueueFirst, evaluator: Evaluator, worker: str,
-            baseline, baseline_rows: pd.DataFrame, observer: TuneObserver) -> None:
+def _search(study: optuna.Study, storage: BaseStorage, group: Group, *, plan: Plan, sampler: QueueFirst,
+            evaluator: Evaluator, worker: str, baseline, baseline_rows: pd.DataFrame, observer: TuneObserver) -> None:
+    """Ask for trials until the budget is claimed and no other worker's trial is left running (one whose
+    worker died gives its point back, and the budget, to this worker)."""
     budget = min(plan.settings.trials, len(plan.space.configs()))
     while True:
         held = claims(study.get_trials(deepcopy=False), budget=budget)
         if held.counted >= budget or len(held.points) >= len(plan.space.configs()):
-            return
+            if not others_running(study, storage, worker=worker):
+                return
+            wait_for_others(study, storage, worker=worker)
+            continue
         record_warm_start(study, space=plan.space, count=plan.settings.warm_start)
-        trial = study.ask()  # proposes the first queued point that no trial holds, else what TPE proposes
+        trial = asked(study, storage)  # proposes the first queued point that no trial holds, else what TPE proposes
         try:
             trial.set_user_attr("worker", worker)
             proposal = sampler.proposal(trial.number)
@@ -229,16 +136,13 @@ def _search(study: optuna.Study, group: Group, *, plan: Plan, sampler: QueueFirs
             if decision != "run":
                 trial.set_user_attr("role", decision)
                 study.tell(trial, state=TrialState.FAIL)
-                if decision == "surplus":
-                    return
                 continue
+        except BaseException:
+            release(study, storage, trial)
+            raise
+        with Heartbeat(study, storage, trial):
             row = _run_trial(study, trial, spec, config=config, plan=plan, evaluator=evaluator, baseline=baseline,
                              baseline_rows=baseline_rows)
-        except BaseException:
-            if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
-                trial.set_user_attr("role", "interrupted")
-                study.tell(trial, state=TrialState.FAIL)
-            raise
         observer.trial_finished(group.study, row)
 
 

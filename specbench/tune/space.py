@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 
 from specbench.profile import Profile
-from specbench.results import PointSpec
+from specbench.results import PointSpec, point_id
 
 
 class TuneError(ValueError):
@@ -144,9 +144,10 @@ class SearchSpace:
 
     def point(self, config: Config, *, temperature: float, top_p: float) -> PointSpec:
         draft = self.draft(config.draft)
-        ngram = f"-n{config.ngram_max}" if draft.method == "ngram" and draft.ngram_max_low != draft.ngram_max_high else ""
+        tuned = draft.method == "ngram" and draft.ngram_max_low != draft.ngram_max_high
         return PointSpec(
-            point_id=f"{draft.name}{ngram}-g{config.gamma}-t{temperature:g}-p{top_p:g}", method=draft.method,
+            point_id=point_id(draft.name, config.gamma, temperature, top_p, ngram_max=config.ngram_max if tuned else None),
+            method=draft.method,
             draft=draft.name, gamma=config.gamma, temperature=temperature, top_p=top_p,
             draft_model=draft.model, draft_quantize=draft.quantize,
             ngram_min=draft.ngram_min, ngram_max=config.ngram_max,
@@ -174,8 +175,3 @@ def space_from_profile(profile: Profile, *, tune_ngram: bool = True) -> SearchSp
                         "(list more drafts or gammas, or use specbench run)")
     return space
 
-
-def temperature_groups(profile: Profile) -> list[tuple[float, float]]:
-    """(temperature, top_p) pairs, each tuned on its own; greedy ignores top_p, so it appears once."""
-    groups = [(t, 1.0 if t == 0 else p) for p in profile.sweep.top_p for t in profile.sweep.temperature]
-    return list(dict.fromkeys(groups))

@@ -1,7 +1,7 @@
 """Local worker processes for `specbench run --workers N` and `specbench tune --workers N`.
 
 Each worker is a spawned process (CUDA does not survive a fork) that runs `target(plan, index)`. Where the
-profile is not on the cpu, each worker sees one GPU, round robin over the visible ones, through
+profile's backend runs models in this process and the profile is not on the cpu, each worker sees one GPU, round robin over the visible ones, through
 CUDA_VISIBLE_DEVICES; on the cpu, the workers split the cores between them (torch.set_num_threads).
 A worker that fails sends its error's one line back; the launcher raises WorkerError naming the worker.
 """
@@ -18,8 +18,9 @@ from dataclasses import replace
 from multiprocessing.queues import SimpleQueue
 from typing import Protocol, TypeVar
 
+from specbench.backends import get_backend
+from specbench.errors import one_line
 from specbench.profile import Profile, with_overrides
-from specbench.sweep import _one_line
 
 
 class WorkerError(RuntimeError):
@@ -44,8 +45,9 @@ def run_workers(target: Callable[[PlanT, int], None], plan: PlanT, *, workers: i
     """Run `target(plan, index)` for each index in 0..workers-1, each in its own process, and wait for all.
     `target` must be a module-level function (the spawned process imports it). Raises WorkerError when a
     worker failed."""
-    gpus = worker_gpus(plan.profile.device)
-    threads = 0 if gpus else max(1, (os.cpu_count() or 1) // workers)
+    local = get_backend(plan.profile.backend).pins_local_devices
+    gpus = worker_gpus(plan.profile.device) if local else []
+    threads = max(1, (os.cpu_count() or 1) // workers) if local and not gpus else 0
     context = multiprocessing.get_context("spawn")
     errors = context.SimpleQueue()  # (index, the error's one line) from each worker that raised
     processes = []
@@ -93,7 +95,7 @@ def _worker_main(target: Callable[[PlanT, int], None], plan: PlanT, index: int, 
     except Exception as error:  # noqa: BLE001 - reported to the launcher as one line
         if not isinstance(error, ValueError):  # bad input (a ValueError) is its one line; a bug keeps its traceback
             traceback.print_exc()
-        errors.put((index, _one_line(error)))
+        errors.put((index, one_line(error)))
         sys.exit(1)
 
 

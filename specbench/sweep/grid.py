@@ -2,10 +2,11 @@
 
 The planned points are the choices of one Optuna study. A process asks for a trial (the storage numbers
 trials atomically), proposes the first planned point no trial has claimed yet, and runs it only if the
-claim rule of `specbench.tune.study` gives the point to this trial; otherwise the trial ends as a
+claim rule (`specbench.scaleout.claims`) gives the point to this trial; otherwise the trial ends as a
 duplicate and the process asks again. So no point runs twice, and each is written once to the run's
 files (RunFiles, under a file lock: machines that share an output folder need a filesystem whose file
-locks work across machines).
+locks work across machines). A worker that dies mid-point stops sending heartbeats; a worker on any
+machine then fails its trial and runs the point.
 
 No trial is enqueued: Optuna hands out an enqueued (WAITING) trial with a read then an update, which on
 SQLite two processes can both win; a trial created by `ask` belongs to one process.
@@ -13,26 +14,29 @@ SQLite two processes can both win; a trial created by `ask` belongs to one proce
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
-import pandas as pd
+from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from specbench import results
 from specbench.profile import Profile
-from specbench.results import PointSpec
-from specbench.sweep import RunFiles, RunResult, SweepObserver, _Silent, evaluate_point, plan_points, point_key, prepare
-from specbench.tune.space import TuneError
-from specbench.tune.study import (
-    check_study, claims, fail_stale_trials, new_worker_id, open_storage, open_study, storage_url, verdict,
+from specbench.results import PointSpec, stable_hash
+from specbench.sweep.context import RunContext, open_run
+from specbench.sweep.files import RunFiles
+from specbench.sweep.loop import RunResult, SilentObserver, SweepObserver, evaluate_point, n_requests, planned_points
+from specbench.scaleout.claims import claims, verdict
+from specbench.scaleout.liveness import (
+    Heartbeat, asked, fail_stale_trials, new_worker_id, others_running, release, wait_for_others,
 )
-from specbench.workers import run_workers
+from specbench.scaleout.storage import (
+    ScaleOutError, check_study, delete_study, open_storage, open_study, quiet_optuna, storage_url,
+)
+from specbench.scaleout.workers import run_workers
 
 PARAM = "point_id"
 
@@ -50,32 +54,43 @@ class GridPlan:
 def run_grid(profile: Profile, *, out_dir: Path, storage: str | None = None, study: str | None = None,
              workers: int = 1, fresh: bool = False, observer: SweepObserver | None = None) -> RunResult:
     """Run (or join) the sweep of `profile` shared through the study `study` (default: <profile name>-run)
-    in `storage` (default: study.db in `out_dir`). A storage that cannot be opened raises TuneError before
-    anything is written."""
+    in `storage` (default: study.db in `out_dir`). A storage that cannot be opened raises ScaleOutError
+    before anything is written."""
     if workers < 1:
-        raise TuneError(f"--workers: must be an integer >= 1 (got {workers})")
-    observer = observer or _Silent()
+        raise ScaleOutError(f"--workers: must be an integer >= 1 (got {workers})")
+    observer = observer or SilentObserver()
     url = storage_url(storage, out_dir)
     if storage is None:
         out_dir.mkdir(parents=True, exist_ok=True)  # the default SQLite file lives there
     store = open_storage(url)
     plan = GridPlan(profile, out_dir, url, study or f"{profile.name}-run")
     if fresh:
-        _clear(plan, store)
+        delete_study(store, plan.study)
+        for name in (results.REQUESTS_FILE, results.POINTS_FILE, results.MANIFEST_FILE):
+            (out_dir / name).unlink(missing_ok=True)
     if workers == 1:
         return work(plan, observer=observer)
     run_workers(_worker_main, plan, workers=workers, observer=observer)
-    return _read_result(out_dir)
+    files = RunFiles(out_dir)
+    points, requests = files.read()
+    return RunResult(out_dir, points, requests, json.loads(files.manifest_path.read_text()))
 
 
 def work(plan: GridPlan, *, observer: SweepObserver) -> RunResult:
-    """One worker: claim and run points until every planned point is claimed."""
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    ctx = prepare(plan.profile, observer=observer)
-    planned = plan_points(plan.profile)
+    """One worker: claim and run points until every planned point is claimed and no other worker's point is
+    still running (a point whose worker dies is taken up)."""
+    quiet_optuna()
+    ctx = open_run(plan.profile, observer=observer)
+    try:
+        return _work(plan, ctx, observer=observer)
+    finally:
+        ctx.session.close()
+
+
+def _work(plan: GridPlan, ctx: RunContext, *, observer: SweepObserver) -> RunResult:
+    planned = planned_points(ctx)
     by_id = {spec.point_id: spec for spec in planned}
-    attrs = {"run_key": ctx.run_key, "grid": _hash({spec.point_id: point_key(spec, ctx) for spec in planned})}
+    attrs = {"run_key": ctx.run_key, "grid": stable_hash({spec.point_id: ctx.point_key(spec) for spec in planned})}
     storage = open_storage(plan.storage_url)
     check_study(storage, plan.study, attrs)
     study = open_study(storage, plan.study, attrs, directions=["maximize"], sampler=_FirstUnclaimed(list(by_id)),
@@ -83,41 +98,50 @@ def work(plan: GridPlan, *, observer: SweepObserver) -> RunResult:
     files = RunFiles(plan.out_dir)
     earlier = files.open(ctx, planned, fresh=False)
     worker = new_worker_id()
-    fail_stale_trials(study, worker=worker)
+    fail_stale_trials(study, storage, worker=worker)
     held = _claimed(study)
     observer.sweep_started(planned + earlier, [spec for spec in planned if spec.point_id not in held])
 
     ran: list[str] = []
-    while (trial := _claim_next(study, list(by_id), worker=worker)) is not None:
+    while True:
+        trial = _claim_next(study, storage, list(by_id), worker=worker)
+        if trial is None:
+            if not others_running(study, storage, worker=worker):
+                break
+            wait_for_others(study, storage, worker=worker)
+            continue
         spec = by_id[trial.params[PARAM]]
-        try:
-            with files.lock():  # a read between another process's write and rename would see half a file
-                done = files.recorded(spec, ctx) is not None
-            if done:  # by an earlier run into this folder
-                trial.set_user_attr("resumed", True)
-                study.tell(trial, _value(_row(files.record(None, ctx, [], order=planned), spec)))
-                continue
-            observer.point_started(spec, len(ctx.prompts) * plan.profile.run.repeats)
-            rows, error = evaluate_point(spec, ctx, observer=observer)
-            row = _row(files.record(spec, ctx, rows, error=error, order=planned), spec)
-            if error is not None:
-                trial.set_user_attr("error", error)  # a failed point keeps its claim: it is not rerun
-                study.tell(trial, state=TrialState.FAIL)
-            else:
-                study.tell(trial, _value(row))
-        except BaseException:
-            _release(study, trial)
-            raise
-        ran.append(spec.point_id)
-        observer.point_finished(spec, row)
+        with Heartbeat(study, storage, trial):
+            row = _run_claimed(study, trial, spec, ctx, files, planned, observer=observer)
+        if row is not None:
+            ran.append(spec.point_id)
+            observer.point_finished(spec, row)
 
     _keep_failures(study, files, ctx, by_id, planned)
     points = files.record(None, ctx, [], order=planned)
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    manifest = files.finish(points) if not running else json.loads(files.manifest_path.read_text())
-    with files.lock():
-        requests = results.read_parquet(plan.out_dir / results.REQUESTS_FILE)
-    return RunResult(plan.out_dir, points, requests if requests is not None else pd.DataFrame(), manifest, ran)
+    manifest = files.finish(points)
+    _, requests = files.read()
+    return RunResult(plan.out_dir, points, requests, manifest, ran)
+
+
+def _run_claimed(study: optuna.Study, trial: optuna.Trial, spec: PointSpec, ctx: RunContext, files: RunFiles,
+                 planned: list[PointSpec], *, observer: SweepObserver) -> dict | None:
+    """Run the claimed point and tell the study; None when the files already held it."""
+    with files.lock():  # a read between another process's write and rename would see half a file
+        done = files.recorded(spec, ctx) is not None
+    if done:  # by an earlier run into this folder
+        trial.set_user_attr("resumed", True)
+        study.tell(trial, _value(_row(files.record(None, ctx, [], order=planned), spec)))
+        return None
+    observer.point_started(spec, n_requests(ctx))
+    rows, error = evaluate_point(spec, ctx, observer=observer)
+    row = _row(files.record(spec, ctx, rows, error=error, order=planned), spec)
+    if error is not None:
+        trial.set_user_attr("error", error)  # a failed point keeps its claim: it is not rerun
+        study.tell(trial, state=TrialState.FAIL)
+    else:
+        study.tell(trial, _value(row))
+    return row
 
 
 class _FirstUnclaimed(optuna.samplers.BaseSampler):
@@ -137,11 +161,10 @@ class _FirstUnclaimed(optuna.samplers.BaseSampler):
         return next((p for p in self.point_ids if p not in held), self.point_ids[0])
 
 
-
-def _claim_next(study: optuna.Study, point_ids: list[str], *, worker: str) -> optuna.Trial | None:
+def _claim_next(study: optuna.Study, storage: BaseStorage, point_ids: list[str], *, worker: str) -> optuna.Trial | None:
     """A trial that holds an unclaimed point, or None once every point is claimed."""
     while set(point_ids) - _claimed(study):
-        trial = study.ask()
+        trial = asked(study, storage)
         try:
             trial.set_user_attr("worker", worker)
             trial.suggest_categorical(PARAM, point_ids)
@@ -150,7 +173,7 @@ def _claim_next(study: optuna.Study, point_ids: list[str], *, worker: str) -> op
             trial.set_user_attr("role", "duplicate")
             study.tell(trial, state=TrialState.FAIL)
         except BaseException:
-            _release(study, trial)
+            release(study, storage, trial)
             raise
     return None
 
@@ -159,19 +182,11 @@ def _claimed(study: optuna.Study) -> set[str]:
     return {dict(point)[PARAM] for point in claims(study.get_trials(deepcopy=False), budget=None).points}
 
 
-def _release(study: optuna.Study, trial: optuna.Trial) -> None:
-    """An interrupted trial gives its point back."""
-    if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
-        trial.set_user_attr("role", "interrupted")
-        study.tell(trial, state=TrialState.FAIL)
-
-
-def _keep_failures(study: optuna.Study, files: RunFiles, ctx, by_id: dict[str, PointSpec],
+def _keep_failures(study: optuna.Study, files: RunFiles, ctx: RunContext, by_id: dict[str, PointSpec],
                    planned: list[PointSpec]) -> None:
     """A worker that opens the folder after a point failed drops that failure from the files (resume reruns
     failed points); the study keeps it, so write it back."""
-    with files.lock():
-        points = results.read_parquet(files.out_dir / results.POINTS_FILE)
+    points, _ = files.read()
     listed = set(points["point_id"]) if points is not None else set()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
         point_id = trial.params.get(PARAM)
@@ -189,27 +204,5 @@ def _value(row: dict) -> float:
     return value if math.isfinite(value) else 0.0
 
 
-def _hash(data) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _clear(plan: GridPlan, storage) -> None:
-    """--fresh: drop the study and the run's files."""
-    try:
-        optuna.delete_study(study_name=plan.study, storage=storage)
-    except KeyError:
-        pass  # not created yet
-    for name in (results.REQUESTS_FILE, results.POINTS_FILE, results.MANIFEST_FILE):
-        (plan.out_dir / name).unlink(missing_ok=True)
-
-
 def _worker_main(plan: GridPlan, index: int) -> None:
-    work(plan, observer=_Silent())
-
-
-def _read_result(out_dir: Path) -> RunResult:
-    with RunFiles(out_dir).lock():
-        points = results.read_parquet(out_dir / results.POINTS_FILE)
-        requests = results.read_parquet(out_dir / results.REQUESTS_FILE)
-    manifest = json.loads((out_dir / results.MANIFEST_FILE).read_text())
-    return RunResult(out_dir, points, requests if requests is not None else pd.DataFrame(), manifest)
+    work(plan, observer=SilentObserver())

@@ -1,0 +1,26 @@
+"""Backends: how specbench runs a point. One module per backend, each exposing `BACKEND`.
+
+- native: specbench's instrumented engine (per-step acceptance, per-position counts);
+- hf: transformers' generate (assisted generation, prompt lookup) as the reference.
+
+A new backend is a module here and an entry in BACKENDS; the profile key `backend` accepts its name.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from specbench.backends.base import AfterPrompt, Backend, Observer, OnRequest, Session
+
+BACKENDS: dict[str, str] = {
+    "native": "specbench.backends.native",
+    "hf": "specbench.backends.hf",
+}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend of a validated profile (`name` is one of BACKENDS)."""
+    return importlib.import_module(BACKENDS[name]).BACKEND
+
+
+__all__ = ["BACKENDS", "AfterPrompt", "Backend", "Observer", "OnRequest", "Session", "get_backend"]

@@ -1,0 +1,57 @@
+"""The native backend: specbench's instrumented engine (`specbench.engine`), one request at a time, with
+per-step acceptance and timings."""
+
+from __future__ import annotations
+
+from specbench.backends.base import Observer
+from specbench.backends.inprocess import GenerateOne, InProcessSession, LoadedModels, load_models, same_launch
+from specbench.engine import BaselineProposer, DraftModelProposer, NgramProposer, Proposer, generate
+from specbench.engine.costs import verify_costs_ms
+from specbench.profile import Profile
+from specbench.results import PointSpec
+
+
+class NativeSession(InProcessSession):
+    backend = "native"
+
+    def __init__(self, models: LoadedModels):
+        super().__init__(models)
+        self._verify_costs: dict[int, tuple[float, ...]] = {}
+
+    def generate_one(self, spec: PointSpec) -> GenerateOne:
+        m = self.models
+        proposer = self.proposer(spec)
+        return lambda ids, seed: generate(
+            m.target.model, proposer, ids, gamma=spec.gamma or 1, seed=seed, temperature=spec.temperature,
+            top_p=spec.top_p, max_new_tokens=m.profile.workload.max_new_tokens, eos_token_ids=m.eos_token_ids)
+
+    def proposer(self, spec: PointSpec) -> Proposer:
+        m = self.models
+        if spec.method == "baseline":
+            return BaselineProposer(m.device)
+        if spec.method == "ngram":
+            return NgramProposer(ngram_min=spec.ngram_min, ngram_max=spec.ngram_max, device=m.device)
+        vocab_size = m.target.model.get_output_embeddings().weight.shape[0]
+        return DraftModelProposer(m.draft_model(spec).model, vocab_size=vocab_size, device=m.device, name=spec.draft)
+
+    def verify_costs(self, max_tokens: int) -> tuple[float, ...]:
+        """The target's forward time for 1..max_tokens tokens, after a typical context (the median prompt
+        plus half the output); timed once per process."""
+        if max_tokens not in self._verify_costs:
+            prompt_tokens = sorted(self.prompt_tokens)
+            context = prompt_tokens[len(prompt_tokens) // 2] + self.models.profile.workload.max_new_tokens // 2
+            self._verify_costs[max_tokens] = verify_costs_ms(self.models.target.model, max_tokens=max_tokens,
+                                                             context_tokens=max(context, 1))
+        return self._verify_costs[max_tokens]
+
+
+class NativeBackend:
+    name = "native"
+    pins_local_devices = True
+    launch_key = staticmethod(same_launch)
+
+    def open(self, profile: Profile, *, observer: Observer) -> NativeSession:
+        return NativeSession(load_models(profile, observer=observer))
+
+
+BACKEND = NativeBackend()

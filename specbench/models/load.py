@@ -1,0 +1,297 @@
+"""Resolve a reference to its source, load model and tokenizer (or the tokenizer alone), check vocabularies."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from specbench.models.gguf import convert_gguf, converted_folder, gguf_sha256, no_progress_bars
+from specbench.models.registry import (
+    ModelError,
+    Progress,
+    builtin_gguf_path,
+    builtin_name,
+    is_builtin,
+    short_reason,
+)
+
+QUANTIZE_MODES: tuple[str, ...] = ("int8",)
+
+# --- Resolve a reference --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: Literal["gguf", "folder", "hub"]
+    location: str  # absolute path for gguf/folder, the repo id for hub
+
+
+def resolve_model(ref: str) -> ModelSource:
+    """Classify a reference and check that local files exist; touches no network."""
+    if is_builtin(ref):
+        name = builtin_name(ref)
+        path = builtin_gguf_path(name)
+        if path is None:
+            raise ModelError(
+                f"builtin model {name!r} is not available offline; run: specbench models fetch {name}"
+            )
+        return ModelSource("gguf", str(path))
+    if ref.lower().endswith(".gguf"):
+        if not Path(ref).is_file():
+            raise ModelError(f"model file not found: {ref}")
+        return ModelSource("gguf", ref)
+    if os.path.isabs(ref):
+        path = Path(ref)
+        if not path.is_dir():
+            raise ModelError(f"model folder not found: {ref}")
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model folder has no config.json: {ref}; point to a Hugging Face model folder")
+        return ModelSource("folder", ref)
+    return ModelSource("hub", ref)
+
+
+def hf_folder(ref: str, *, progress: Progress = None) -> Path:
+    """The local Hugging Face folder `ref` loads from: a GGUF reference's converted folder (converting
+    once), a folder reference itself; ModelError for a hub id, which is not local."""
+    source = resolve_model(ref)
+    if source.kind == "hub":
+        raise ModelError(f"{ref!r} is a Hugging Face hub id, not a local folder; use a local folder or .gguf file")
+    return _local_folder(source, progress=progress)
+
+
+def _local_folder(source: ModelSource, *, progress: Progress) -> Path:
+    if source.kind == "gguf":
+        return convert_gguf(Path(source.location), progress=progress)
+    return Path(source.location)
+
+
+# --- Identity: stable hashes of what was loaded ---------------------------------------------------
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+_SAMPLES_PER_FILE = 16
+_SAMPLE_BYTES = 64 << 10
+
+
+def folder_identity(folder: Path) -> str:
+    """sha256 over config.json and, per weight file, its name, size and 16 sampled 64 KiB chunks.
+
+    Sampling reads ~1 MiB per file (fast for multi-GB folders) yet tells apart fine-tunes of the
+    same architecture, whose files have identical names, sizes and safetensors headers.
+    """
+    digest = hashlib.sha256((folder / "config.json").read_bytes())
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(_WEIGHT_SUFFIXES)):
+        size = path.stat().st_size
+        digest.update(f"\0{path.name}\0{size}\0".encode())
+        with path.open("rb") as f:
+            for i in range(_SAMPLES_PER_FILE):
+                f.seek(max(0, size - _SAMPLE_BYTES) * i // (_SAMPLES_PER_FILE - 1))
+                digest.update(f.read(_SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+def _local_identity(source: ModelSource) -> str:
+    """gguf sha256 for a GGUF file, the content hash for a folder."""
+    location = Path(source.location)
+    return gguf_sha256(location) if source.kind == "gguf" else folder_identity(location)
+
+
+def _hub_identity(ref: str, revision: Any) -> str:
+    commit = getattr(revision, "resolved", None)
+    return f"{ref}@{commit}" if commit else ref
+
+
+def _hub_error(ref: str, error: Exception) -> ModelError:
+    return ModelError(
+        f"cannot load {ref!r} from the Hugging Face hub (offline?): {short_reason(error)}; "
+        "use a local folder or .gguf file"
+    )
+
+
+# --- Load -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedModel:
+    name: str  # the reference as given
+    model: torch.nn.Module  # eval mode, on the requested device
+    tokenizer: Any
+    identity: str  # gguf sha256; folder content hash; "repo@commit" for the hub
+    weight_bytes: int  # parameter + buffer bytes as loaded (after quantization)
+    quantize: str | None
+
+
+def _check_quantize(quantize: str | None, *, device: torch.device, dtype: torch.dtype) -> None:
+    if quantize is None:
+        return
+    if quantize not in QUANTIZE_MODES:
+        raise ModelError(f"unknown quantize {quantize!r} (known: {', '.join(QUANTIZE_MODES)})")
+    if device.type != "cpu":
+        raise ModelError(
+            f'quantize = "{quantize}" runs on CPU only (dynamic quantization); remove it or use device = "cpu"'
+        )
+    if dtype != torch.float32:
+        raise ModelError(
+            f'quantize = "{quantize}" needs float32 weights (dynamic quantization); '
+            'remove it or use dtype = "float32"'
+        )
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantization of every nn.Linear, in place (a tied lm_head gets its own int8 copy)."""
+    with warnings.catch_warnings():
+        # torch.ao.quantization is deprecated but still the only CPU int8 path without extra packages.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantiz", category=UserWarning)
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes held by parameters, buffers and packed int8 weights, counting shared storage once."""
+    tensors = [*model.parameters(), *model.buffers()]
+    for module in model.modules():
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            tensors.append(module.weight())
+            if module.bias() is not None:
+                tensors.append(module.bias())
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def load_model(
+    ref: str,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    quantize: str | None = None,
+    progress: Progress = None,
+) -> LoadedModel:
+    """Resolve `ref`, load model and tokenizer, move to `device` in eval mode, apply `quantize`."""
+    _check_quantize(quantize, device=device, dtype=dtype)
+    source = resolve_model(ref)
+    if source.kind == "hub":
+        model, tokenizer, identity = _load_from_hub(ref, dtype=dtype, progress=progress)
+    else:
+        model, tokenizer, identity = _load_local(ref, source, dtype=dtype, progress=progress)
+    model = model.to(device).eval()
+    if quantize == "int8":
+        model = quantize_int8(model)
+    return LoadedModel(ref, model, tokenizer, identity, weight_bytes(model), quantize)
+
+
+def _load_local(ref: str, source: ModelSource, *, dtype: torch.dtype, progress: Progress) -> tuple[Any, Any, str]:
+    folder = _local_folder(source, progress=progress)
+    identity = _local_identity(source)
+    if progress is not None:
+        progress(f"loading {ref}")
+    try:
+        model, tokenizer, missing = _load_pretrained(str(folder), dtype=dtype)
+    except (OSError, ValueError) as error:
+        raise ModelError(f"cannot load model folder {str(folder)!r}: {short_reason(error)}") from error
+    _check_no_missing_weights(ref, missing)
+    return model, tokenizer, identity
+
+
+def _load_from_hub(ref: str, *, dtype: torch.dtype, progress: Progress) -> tuple[Any, Any, str]:
+    from transformers.utils.hub import resolve_revision
+
+    if progress is not None:
+        progress(f"loading {ref} from the Hugging Face hub")
+    try:
+        revision = resolve_revision(ref)  # fails open (None) when offline
+        model, tokenizer, missing = _load_pretrained(ref, dtype=dtype, revision=revision)
+    except (OSError, ValueError) as error:
+        raise _hub_error(ref, error) from error
+    _check_no_missing_weights(ref, missing)
+    return model, tokenizer, _hub_identity(ref, revision)
+
+
+def _load_pretrained(
+    location: str, *, dtype: torch.dtype, revision: str | None = None
+) -> tuple[Any, Any, list[str]]:
+    """Model, tokenizer and the names of parameters the checkpoint lacked."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with no_progress_bars():
+        model, info = AutoModelForCausalLM.from_pretrained(
+            location, dtype=dtype, revision=revision, output_loading_info=True
+        )
+        tokenizer = AutoTokenizer.from_pretrained(location, revision=revision)
+    return model, tokenizer, sorted(info["missing_keys"])
+
+
+def _check_no_missing_weights(ref: str, missing: list[str]) -> None:
+    # transformers only warns about missing weights and initializes them at random.
+    if missing:
+        raise ModelError(
+            f"model {ref!r} has no weights for {len(missing)} parameters (first: {missing[0]}); "
+            "its weight files do not match its config.json"
+        )
+
+
+# --- Tokenizer only -------------------------------------------------------------------------------
+
+
+def load_tokenizer(ref: str) -> tuple[Any, str]:
+    """The tokenizer of `ref` and the identity load_model would report, without loading any weights.
+
+    A GGUF reference reads the tokenizer from its converted folder when that is cached, else from
+    the GGUF file itself (nothing is dequantized, nothing is converted).
+    """
+    from transformers import AutoTokenizer
+
+    source = resolve_model(ref)
+    if source.kind == "hub":
+        return _load_tokenizer_from_hub(ref)
+    identity = _local_identity(source)
+    location = Path(source.location)
+    gguf_file = None
+    if source.kind == "gguf":
+        folder = converted_folder(location)
+        if folder is None:
+            folder, gguf_file = location.parent, location.name
+    else:
+        folder = location
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file)
+    except (OSError, ValueError) as error:
+        raise ModelError(f"cannot load the tokenizer of {ref!r}: {short_reason(error)}") from error
+    return tokenizer, identity
+
+
+def _load_tokenizer_from_hub(ref: str) -> tuple[Any, str]:
+    from transformers import AutoTokenizer
+    from transformers.utils.hub import resolve_revision
+
+    try:
+        revision = resolve_revision(ref)  # fails open (None) when offline
+        tokenizer = AutoTokenizer.from_pretrained(ref, revision=revision)
+    except (OSError, ValueError) as error:
+        raise _hub_error(ref, error) from error
+    return tokenizer, _hub_identity(ref, revision)
+
+
+# --- Tokenizer compatibility ----------------------------------------------------------------------
+
+
+def check_same_vocabulary(target_tokenizer: Any, draft_tokenizer: Any, *, target_name: str, draft_name: str) -> None:
+    """Raise ModelError unless both tokenizers map every shared id to the same token and share eos.
+
+    Different lengths are fine: model families pad their vocabularies to different sizes.
+    """
+    target_tokens = {i: token for token, i in target_tokenizer.get_vocab().items()}
+    draft_tokens = {i: token for token, i in draft_tokenizer.get_vocab().items()}
+    prefix = f"draft {draft_name!r} and target {target_name!r} use different tokenizers"
+    fix = "pick a draft from the target's model family"
+    for i in range(min(len(target_tokenizer), len(draft_tokenizer))):
+        if draft_tokens.get(i) != target_tokens.get(i):
+            raise ModelError(f"{prefix} (id {i} is {draft_tokens.get(i)!r} vs {target_tokens.get(i)!r}); {fix}")
+    if draft_tokenizer.eos_token_id != target_tokenizer.eos_token_id:
+        raise ModelError(
+            f"{prefix} (eos id {draft_tokenizer.eos_token_id} vs {target_tokenizer.eos_token_id}); {fix}"
+        )

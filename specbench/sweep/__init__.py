@@ -1,0 +1,28 @@
+"""`specbench run`: plan the points of a profile (plan), run them in one process (loop) or shared with
+other processes through an Optuna storage (grid), and record every request (files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specbench.profile import Profile
+from specbench.results import default_out_dir
+from specbench.sweep.files import ResumeError, RunFiles
+from specbench.sweep.loop import RunResult, SilentObserver, SweepObserver, evaluate_point, run_sweep
+
+
+def run_profile(profile: Profile, *, out: Path | None = None, fresh: bool = False, storage: str | None = None,
+                study: str | None = None, workers: int = 1, observer: SweepObserver | None = None) -> RunResult:
+    """Run (or resume) `profile` into `out` (default results/<profile name>): in this process, or, with a
+    storage, a study name or several workers, as a grid shared through an Optuna study."""
+    out_dir = out if out is not None else default_out_dir(profile.name)
+    if storage is None and study is None and workers == 1:
+        return run_sweep(profile, out_dir=out_dir, fresh=fresh, observer=observer)
+    from specbench.sweep.grid import run_grid  # Optuna is only imported for a shared sweep
+
+    return run_grid(profile, out_dir=out_dir, storage=storage, study=study, workers=workers, fresh=fresh,
+                    observer=observer)
+
+
+__all__ = ["ResumeError", "RunFiles", "RunResult", "SilentObserver", "SweepObserver", "evaluate_point",
+           "run_profile", "run_sweep"]

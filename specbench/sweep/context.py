@@ -1,0 +1,39 @@
+"""A run's context: the profile, the backend session that runs its points, and the keys that tell whether
+recorded measurements can be reused."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from specbench.backends import Backend, Observer, Session, get_backend
+from specbench.profile import Profile
+from specbench.results import PointSpec, stable_hash
+from specbench.workloads import workload_fingerprint
+
+
+@dataclass
+class RunContext:
+    profile: Profile
+    backend: Backend
+    session: Session
+    run_key: str  # the target, workload and run settings: a folder holds measurements of one run key
+
+    def point_key(self, spec: PointSpec) -> str:
+        """What makes a point's measurements reusable: the run's configuration, the point, its draft's identity."""
+        return stable_hash({"run": self.run_key, "point": asdict(spec), "draft_identity": self.session.draft_identity(spec)})
+
+    def point_context(self, spec: PointSpec) -> dict[str, Any]:
+        """The point's constant columns in points.parquet."""
+        return {**self.session.point_context(spec), "point_key": self.point_key(spec)}
+
+
+def open_run(profile: Profile, *, observer: Observer) -> RunContext:
+    """Open the profile's backend session (load the models, or launch what it needs) and key the run."""
+    backend = get_backend(profile.backend)
+    session = backend.open(profile, observer=observer)
+    run_key = stable_hash({
+        **session.identity, "workload": workload_fingerprint(session.prompts),
+        "max_new_tokens": profile.workload.max_new_tokens, "run": profile.run.model_dump(),
+    })
+    return RunContext(profile, backend, session, run_key)

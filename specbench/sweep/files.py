@@ -1,0 +1,193 @@
+"""A run's files in its output folder: requests.parquet (one row per request), points.parquet (derived
+from the requests every time it is written) and manifest.json; resuming what an earlier run left.
+
+Every change re-reads the files under a file lock and rewrites them atomically, so concurrent workers
+keep each other's points, every point is written once, and a run killed at any moment resumes with each
+point exactly once."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+import specbench
+from specbench import results
+from specbench.profile import dump_profile
+from specbench.results import PointSpec
+from specbench.sweep.context import RunContext
+from specbench.workloads import workload_fingerprint
+
+CONTEXT_COLUMNS = ("backend", "target_model", "weight_mb", "point_key")  # a point's constant columns
+
+
+class ResumeError(ValueError):
+    """The output folder holds a run of another configuration."""
+
+
+class RunFiles:
+    """The run's files in `out_dir`, shared by every process that writes to the folder."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+        self.manifest_path = out_dir / results.MANIFEST_FILE
+
+    @contextmanager
+    def lock(self, name: str = "files") -> Iterator[None]:
+        """An exclusive lock between the processes of this machine that share the folder."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.out_dir / f".{name}.lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def open(self, ctx: RunContext, planned: list[PointSpec], *, fresh: bool) -> list[PointSpec]:
+        """Check the folder holds this run (or nothing), drop what cannot be resumed, write the
+        manifest; returns the specs of done points that `planned` no longer holds."""
+        with self.lock():
+            keys = {spec.point_id: ctx.point_key(spec) for spec in planned}
+            requests, context, earlier = _resume(self.out_dir, ctx.run_key, keys, fresh=fresh)
+            if not len(requests):
+                (self.out_dir / results.REQUESTS_FILE).unlink(missing_ok=True)
+            _write(self.out_dir, planned + earlier, requests, {}, context)
+            started = _previous_start(self.manifest_path, fresh)
+            results.write_json_atomic(manifest(ctx, started=started), self.manifest_path)
+        return earlier
+
+    def recorded(self, spec: PointSpec, ctx: RunContext) -> pd.DataFrame | None:
+        """The request rows of `spec` if the folder holds it done with the same configuration. Call it under
+        `lock()` where other processes may be writing."""
+        points = results.read_parquet(self.out_dir / results.POINTS_FILE)
+        requests = results.read_parquet(self.out_dir / results.REQUESTS_FILE)
+        if points is None or requests is None or not len(points):
+            return None
+        key = ctx.point_key(spec)
+        done = points[(points["point_id"] == spec.point_id) & (points["status"] == "ok") & (points["point_key"] == key)]
+        return requests[requests["point_key"] == key].reset_index(drop=True) if len(done) else None
+
+    def record(self, spec: PointSpec | None, ctx: RunContext, rows: list[dict[str, Any]], *, error: str | None = None,
+               order: list[PointSpec] = ()) -> pd.DataFrame:
+        """Add one point (its rows, or its failure) to the files, replacing an earlier record of it;
+        points are listed in `order` first. Returns the points table as written."""
+        with self.lock():
+            specs, requests, failures, context = self._load()
+            if spec is not None:
+                if len(requests):
+                    requests = requests[requests["point_id"] != spec.point_id]
+                failures.pop(spec.point_id, None)
+                if error is not None:
+                    failures[spec.point_id] = error
+                if rows:
+                    requests = pd.concat([requests, pd.DataFrame(rows)], ignore_index=True) if len(requests) else pd.DataFrame(rows)
+                context[spec.point_id] = ctx.point_context(spec)
+                specs = [s for s in specs if s.point_id != spec.point_id] + [spec]
+            ordered = [s for s in order if s.point_id in {x.point_id for x in specs}]
+            specs = ordered + [s for s in specs if s.point_id not in {x.point_id for x in ordered}]
+            return _write(self.out_dir, specs, requests.reset_index(drop=True), failures, context)
+
+    def finish(self, points: pd.DataFrame) -> dict[str, Any]:
+        """Mark the manifest finished; returns it."""
+        with self.lock():
+            data = json.loads(self.manifest_path.read_text())
+            data["finished_at"] = _now()
+            data["status"] = "failed points" if (points["status"] == "failed").any() else "complete"
+            results.write_json_atomic(data, self.manifest_path)
+        return data
+
+    def read(self) -> tuple[pd.DataFrame | None, pd.DataFrame]:
+        """points and requests as the files hold them (requests empty when there are none)."""
+        with self.lock():
+            points = results.read_parquet(self.out_dir / results.POINTS_FILE)
+            requests = results.read_parquet(self.out_dir / results.REQUESTS_FILE)
+        return points, requests if requests is not None else pd.DataFrame()
+
+    def _load(self):
+        """specs, requests, failures and per-point context as the files hold them."""
+        points = results.read_parquet(self.out_dir / results.POINTS_FILE)
+        requests = results.read_parquet(self.out_dir / results.REQUESTS_FILE)
+        if points is None or not len(points):
+            return [], pd.DataFrame(), {}, {}
+        specs = [PointSpec.from_row(row) for row in points.to_dict("records")]
+        failures = {row["point_id"]: row["error"] for row in points[points["status"] == "failed"].to_dict("records")}
+        return specs, requests if requests is not None else pd.DataFrame(), failures, _contexts(points)
+
+
+def _contexts(points: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    return {row["point_id"]: {name: results.plain(row[name]) for name in CONTEXT_COLUMNS}
+            for row in points.to_dict("records")}
+
+
+def _resume(out_dir: Path, run_key: str, keys: dict[str, str], *, fresh: bool):
+    """What an earlier run in `out_dir` left: the requests of points done with the same configuration,
+    their constant columns, and the specs of done points the profile no longer plans. Failed points,
+    points whose draft changed, and requests of points that were not finished are dropped (rerun)."""
+    empty = pd.DataFrame(), {}, []
+    manifest_path = out_dir / results.MANIFEST_FILE
+    if fresh or not manifest_path.exists():
+        for name in (results.REQUESTS_FILE, results.POINTS_FILE):
+            (out_dir / name).unlink(missing_ok=True)
+        return empty
+    previous = json.loads(manifest_path.read_text())
+    if previous.get("run_key") != run_key:
+        raise ResumeError(
+            f"{out_dir}: holds a run of another target, workload or run settings; "
+            "use --fresh to replace it or --out DIR to keep both"
+        )
+    points = results.read_parquet(out_dir / results.POINTS_FILE)
+    requests = results.read_parquet(out_dir / results.REQUESTS_FILE)
+    if points is None or requests is None or not len(points):
+        return empty
+    ok = points[points["status"] == "ok"]
+    current = ok[ok["point_key"] == ok["point_id"].map(keys)]
+    unplanned = ok[~ok["point_id"].isin(set(keys))]
+    kept = pd.concat([current, unplanned])
+    requests = requests[requests["point_key"].isin(set(kept["point_key"]))]
+    earlier = [PointSpec.from_row(row) for row in unplanned.to_dict("records")]
+    return requests.reset_index(drop=True), _contexts(kept), earlier
+
+
+def _write(out_dir: Path, specs: list[PointSpec], requests: pd.DataFrame, failures: dict[str, str],
+           context: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """requests first, then points: a point counts as done only once both hold it."""
+    if len(requests):
+        results.write_parquet_atomic(requests, out_dir / results.REQUESTS_FILE)
+    points = results.summarize(specs, requests, failures=failures, context=context)
+    results.write_parquet_atomic(points, out_dir / results.POINTS_FILE)
+    return points
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _previous_start(manifest_path: Path, fresh: bool) -> str:
+    if not fresh and manifest_path.exists():
+        return json.loads(manifest_path.read_text()).get("started_at", _now())
+    return _now()
+
+
+def manifest(ctx: RunContext, *, started: str) -> dict[str, Any]:
+    described = ctx.session.describe()
+    return {
+        "specbench_version": specbench.__version__,
+        "run_key": ctx.run_key,
+        "profile": json.loads(json.dumps(ctx.profile.model_dump(mode="json"))),
+        "profile_toml": dump_profile(ctx.profile),
+        "profile_path": str(ctx.profile.source) if ctx.profile.source else None,
+        "models": described["models"],
+        "workload": {"prompts": ctx.profile.workload.prompts, "fingerprint": workload_fingerprint(ctx.session.prompts),
+                     "prompt_ids": [p.prompt_id for p in ctx.session.prompts],
+                     "prompt_tokens": list(ctx.session.prompt_tokens)},
+        "environment": described["environment"],
+        "started_at": started,
+        "finished_at": None,
+        "status": "running",
+    }

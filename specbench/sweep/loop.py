@@ -1,0 +1,101 @@
+"""The sweep loop of `specbench run` in one process: plan the points through the backend, run each one not
+yet recorded, record it (or its failure) before the next; a point that raises is recorded as failed and
+the sweep goes on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import pandas as pd
+
+from specbench.backends import AfterPrompt
+from specbench.errors import one_line
+from specbench.profile import Profile
+from specbench.results import PointSpec
+from specbench.sweep.context import RunContext, open_run
+from specbench.sweep.files import RunFiles
+from specbench.sweep.plan import plan_points
+
+
+class SweepObserver(Protocol):
+    def sweep_started(self, points: list[PointSpec], to_run: list[PointSpec]) -> None: ...
+    def point_started(self, spec: PointSpec, n_requests: int) -> None: ...
+    def request_done(self, spec: PointSpec) -> None: ...
+    def point_finished(self, spec: PointSpec, row: dict[str, Any]) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+class SilentObserver:
+    """An observer that shows nothing (library calls, worker processes)."""
+
+    def sweep_started(self, points, to_run): pass
+    def point_started(self, spec, n_requests): pass
+    def request_done(self, spec): pass
+    def point_finished(self, spec, row): pass
+    def message(self, text): pass
+    def trial_finished(self, study, row): pass
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    points: pd.DataFrame
+    requests: pd.DataFrame
+    manifest: dict[str, Any]
+    ran: list[str] = field(default_factory=list)  # point ids run by this call (the others were resumed)
+
+    @property
+    def failed(self) -> int:
+        return int((self.points["status"] == "failed").sum()) if len(self.points) else 0
+
+
+def planned_points(ctx: RunContext) -> list[PointSpec]:
+    return plan_points(ctx.profile, launch_key=ctx.backend.launch_key)
+
+
+def run_sweep(profile: Profile, *, out_dir: Path, fresh: bool = False, observer: SweepObserver | None = None) -> RunResult:
+    """Run (or resume) every point of `profile` into `out_dir`."""
+    observer = observer or SilentObserver()
+    ctx = open_run(profile, observer=observer)
+    try:
+        planned = planned_points(ctx)
+        files = RunFiles(out_dir)
+        earlier = files.open(ctx, planned, fresh=fresh)
+        specs = planned + earlier  # points of an earlier, wider sweep of the same run stay in the files
+        to_run = [spec for spec in planned if files.recorded(spec, ctx) is None]
+        observer.sweep_started(specs, to_run)
+
+        ran: list[str] = []
+        for spec in to_run:
+            observer.point_started(spec, n_requests(ctx))
+            rows, error = evaluate_point(spec, ctx, observer=observer)
+            points = files.record(spec, ctx, rows, error=error, order=planned)
+            ran.append(spec.point_id)
+            observer.point_finished(spec, points[points["point_id"] == spec.point_id].iloc[0].to_dict())
+
+        points = files.record(None, ctx, [], order=planned)
+        manifest = files.finish(points)
+    finally:
+        ctx.session.close()
+    _, requests = files.read()
+    return RunResult(out_dir, points, requests, manifest, ran)
+
+
+def n_requests(ctx: RunContext) -> int:
+    return len(ctx.session.prompts) * ctx.profile.run.repeats
+
+
+def evaluate_point(spec: PointSpec, ctx: RunContext, *, observer: SweepObserver | None = None,
+                   after_prompt: AfterPrompt | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """Run one point: its request rows, or no rows and the one-line reason it failed. `after_prompt`
+    sees the rows so far after each prompt's repeats; an exception it raises that is not an
+    `Exception` (a pruned trial, an interrupt) stops the point and propagates."""
+    observer = observer or SilentObserver()
+    try:
+        rows = ctx.session.run_point(spec, point_key=ctx.point_key(spec), on_request=lambda: observer.request_done(spec),
+                                     after_prompt=after_prompt)
+        return rows, None
+    except Exception as error:  # noqa: BLE001 - a failed point is data, not a crash
+        return [], one_line(error)

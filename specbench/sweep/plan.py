@@ -1,0 +1,40 @@
+"""Which points a profile sweeps, and in which order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+from specbench.profile import Profile
+from specbench.results import PointSpec, point_id
+
+
+def temperature_groups(profile: Profile) -> list[tuple[float, float]]:
+    """(temperature, top_p) pairs, top_p outer; greedy ignores top_p, so temperature 0 appears once, with top_p 1."""
+    groups = [(t, 1.0 if t == 0 else p) for p in profile.sweep.top_p for t in profile.sweep.temperature]
+    return list(dict.fromkeys(groups))
+
+
+def plan_points(profile: Profile, *, launch_key: Callable[[PointSpec], Hashable] | None = None) -> list[PointSpec]:
+    """Per (temperature, top_p): the baseline first, then every draft x gamma. With a backend's `launch_key`,
+    points that need the same launch are moved together (stable, in order of first appearance), so that each
+    launch happens once."""
+    points: list[PointSpec] = []
+    for temperature, top_p in temperature_groups(profile):
+        points.append(PointSpec.baseline(temperature, top_p))
+        for draft in profile.drafts:
+            for gamma in profile.sweep.gamma:
+                points.append(PointSpec(
+                    point_id=point_id(draft.name, gamma, temperature, top_p), method=draft.method,
+                    draft=draft.name, gamma=gamma, temperature=temperature, top_p=top_p,
+                    draft_model=draft.model, draft_quantize=draft.quantize,
+                    ngram_min=draft.ngram_min if draft.method == "ngram" else None,
+                    ngram_max=draft.ngram_max if draft.method == "ngram" else None,
+                ))
+    return points if launch_key is None else order_by_launch(points, launch_key)
+
+
+def order_by_launch(points: list[PointSpec], launch_key: Callable[[PointSpec], Hashable]) -> list[PointSpec]:
+    first_seen: dict[Hashable, int] = {}
+    for point in points:
+        first_seen.setdefault(launch_key(point), len(first_seen))
+    return sorted(points, key=lambda point: first_seen[launch_key(point)])  # sorted() is stable

@@ -1,0 +1,121 @@
+"""What a tune is: its settings (validated where they enter), the studies it runs (one per temperature and
+top_p) and the plan every worker receives; the tune's result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from specbench import results
+from specbench.profile import Profile
+from specbench.sweep.plan import temperature_groups
+from specbench.scaleout.storage import (
+    DEFAULT_STORAGE_FILE, check_study, delete_study, open_storage, storage_url,
+)
+from specbench.tune.evaluate import Replay
+from specbench.tune.space import Constraints, Objective, SearchSpace, TuneError, space_from_profile
+
+TRIALS_FILE = "trials.parquet"
+RECOMMENDATION_JSON = "recommendation.json"
+RECOMMENDATION_TOML = "recommendation.toml"
+
+
+def study_name(base: str, temperature: float, top_p: float) -> str:
+    return f"{base}-t{temperature:g}-p{top_p:g}"
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    objective: Objective
+    constraints: Constraints = field(default_factory=Constraints)
+    trials: int = 20
+    seed: int = 0
+    warm_start: int = 3  # predicted-best configurations tried right after the calibration trials
+    tolerance: float = 0.01  # near-ties: within max(noise, tolerance x best) of the best
+    prune: bool = True
+    storage: str | None = None
+    study: str | None = None
+    workers: int = 1
+    fresh: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("trials", "workers"):
+            if getattr(self, name) < 1:
+                raise TuneError(f"--{name}: must be an integer >= 1 (got {getattr(self, name)})")
+        if self.warm_start < 0:
+            raise TuneError(f"--warm-start: must be an integer >= 0 (got {self.warm_start})")
+        if self.tolerance < 0:
+            raise TuneError(f"--tolerance: must be >= 0 (got {self.tolerance:g})")
+
+
+@dataclass(frozen=True)
+class Group:
+    temperature: float
+    top_p: float
+    study: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a worker needs; picklable, so local worker processes receive it."""
+
+    profile: Profile
+    space: SearchSpace
+    settings: TuneSettings
+    out_dir: Path
+    storage_url: str
+    groups: tuple[Group, ...]
+    replay: Path | None
+
+    def attrs(self, group: Group) -> dict[str, Any]:
+        """Stored with each study; a study is resumed only with the same ones."""
+        return {"search_space": self.space.describe(), "objective": self.settings.objective.name,
+                "constraints": [self.settings.constraints.max_peak_memory_mb,
+                                self.settings.constraints.min_acceptance_rate],
+                "temperature": group.temperature, "top_p": group.top_p}
+
+
+@dataclass
+class TuneResult:
+    out_dir: Path
+    trials: pd.DataFrame
+    recommendation: dict[str, Any]
+    profile_toml: str
+
+
+def make_plan(profile: Profile | None, *, out_dir: Path, settings: TuneSettings, replay: Path | None) -> Plan:
+    if replay is not None:
+        if profile is not None:
+            raise TuneError("--replay uses the profile recorded in the run folder; give no PROFILE with it")
+        profile = Replay(replay).profile
+    assert profile is not None
+    space = space_from_profile(profile, tune_ngram=replay is None)
+    base = settings.study or f"{profile.name}-{settings.objective.name}"
+    groups = tuple(Group(t, p, study_name(base, t, p)) for t, p in temperature_groups(profile))
+    plan = Plan(profile, space, settings, out_dir, storage_url(settings.storage, out_dir), groups, replay)
+    if settings.storage is not None or (out_dir / DEFAULT_STORAGE_FILE).exists():
+        storage = open_storage(plan.storage_url)
+        if not settings.fresh:
+            for group in groups:
+                check_study(storage, group.study, plan.attrs(group))
+    return plan
+
+
+def clear(plan: Plan) -> None:
+    """--fresh: drop this tune's studies and files (the run's own files too, unless replaying)."""
+    if plan.settings.storage is None:
+        (plan.out_dir / DEFAULT_STORAGE_FILE).unlink(missing_ok=True)
+    else:
+        storage = open_storage(plan.storage_url)
+        for group in plan.groups:
+            delete_study(storage, group.study)
+    names = [TRIALS_FILE, RECOMMENDATION_JSON, RECOMMENDATION_TOML]
+    if plan.replay is None:
+        names += [results.REQUESTS_FILE, results.POINTS_FILE, results.MANIFEST_FILE]
+    for name in names:
+        (plan.out_dir / name).unlink(missing_ok=True)
+
+
