@@ -1,8 +1,14 @@
-"""The native engine: greedy equality with autoregressive decoding and HF, accounting, KV rollback."""
+"""The native engine: greedy equality with autoregressive decoding and HF, accounting, KV rollback (and the
+sliding-window caches it cannot roll back)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
+import torch
 
 from specbench.engine import BaselineProposer, DraftModelProposer, NgramProposer, StepState, Trace, generate
 from specbench.engine import kv
@@ -128,6 +134,88 @@ def test_kv_caches_follow_the_sequence(target, gamma):
         # the target caches every token but the newest; the draft lacks at most the last accepted draft too
         assert state.target_cache_length == state.sequence_length - 1
         assert state.sequence_length - 2 <= draft_cache_length <= state.sequence_length - 1
+
+
+def tiny_mistral(*, sliding_window: int, seed: int = 0):
+    """A tiny Mistral whose DynamicCache keeps only the last sliding_window - 1 positions."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    config = MistralConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=sliding_window, max_position_embeddings=512, initializer_range=0.3,
+    )
+    return MistralForCausalLM(config).to(DEVICE).eval()
+
+
+@contextmanager
+def counted_forwards(model) -> Iterator[list[int]]:
+    calls: list[int] = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+def window_error(name: str, max_length: int) -> str:
+    return re.escape(
+        f"model '{name}' uses a sliding-window attention cache (sliding_window=16) that speculative decoding cannot "
+        f"roll back once prompt + max_new_tokens ({max_length}) exceeds it; use a model without sliding_window, set "
+        "\"sliding_window\": null in its config.json, or keep prompt + max_new_tokens within the window")
+
+
+def test_a_sliding_window_target_is_refused_before_generation():
+    target = tiny_mistral(sliding_window=16)
+    draft = DraftModelProposer(perturbed(target, scale=0.1), vocab_size=64, device=DEVICE)
+    for proposer in (NgramProposer(device=DEVICE), draft):
+        with counted_forwards(target) as forwards, \
+                pytest.raises(ValueError, match=window_error("MistralForCausalLM", len(PROMPT) + MAX_NEW)):
+            generate(target, proposer, PROMPT, gamma=3, temperature=0.0, max_new_tokens=MAX_NEW)
+        assert not forwards
+
+
+def test_a_sliding_window_draft_is_refused_before_generation(target):
+    proposer = DraftModelProposer(tiny_mistral(sliding_window=16), vocab_size=64, device=DEVICE, name="mistral-draft")
+    with counted_forwards(target) as forwards, \
+            pytest.raises(ValueError, match=window_error("mistral-draft", len(PROMPT) + MAX_NEW)):
+        generate(target, proposer, PROMPT, gamma=3, temperature=0.0, max_new_tokens=MAX_NEW)
+    assert not forwards
+
+
+def test_a_sliding_window_the_request_never_fills_is_fine():
+    """prompt + max_new_tokens <= sliding_window: the cache never slides, so rollbacks are exact."""
+    target = tiny_mistral(sliding_window=16)
+    prompt, max_new = PROMPT[:5], 11
+    expected = generate(target, BaselineProposer(DEVICE), prompt, gamma=1, temperature=0.0, max_new_tokens=max_new)
+    draft = DraftModelProposer(perturbed(target, scale=0.1), vocab_size=64, device=DEVICE)
+    for proposer in (NgramProposer(device=DEVICE), draft):
+        trace = generate(target, proposer, prompt, gamma=3, temperature=0.0, max_new_tokens=max_new)
+        assert trace.output_ids == expected.output_ids
+        assert trace.accepted_tokens < trace.drafted_tokens, "the test needs rejections (cache rollbacks)"
+    with pytest.raises(ValueError, match=window_error("MistralForCausalLM", 17)):
+        generate(target, NgramProposer(device=DEVICE), prompt, gamma=3, temperature=0.0, max_new_tokens=max_new + 1)
+
+
+def test_the_baseline_decodes_past_the_window():
+    """The baseline never rolls back, so its sliding-window cache is fine: the same tokens as greedy decoding
+    by full forward passes without a cache."""
+    target = tiny_mistral(sliding_window=16)
+    trace = generate(target, BaselineProposer(DEVICE), PROMPT, gamma=1, temperature=0.0, max_new_tokens=MAX_NEW)
+    sequence = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(MAX_NEW):
+            sequence.append(int(target(torch.tensor([sequence], device=DEVICE)).logits[0, -1].argmax()))
+    assert trace.output_ids == tuple(sequence[len(PROMPT):])
+
+
+def test_verify_costs_refuse_a_window_they_would_outgrow():
+    from specbench.engine.costs import verify_costs_ms
+
+    target = tiny_mistral(sliding_window=16)
+    assert len(verify_costs_ms(target, max_tokens=5, context_tokens=10, repeats=1)) == 5  # caches up to 15
+    with pytest.raises(ValueError, match=window_error("MistralForCausalLM", 17)):
+        verify_costs_ms(target, max_tokens=5, context_tokens=11, repeats=1)
 
 
 def test_prompt_is_prefilled_once(target):

@@ -6,6 +6,7 @@ deliberately broken acceptance rule beside it that the same check must reject: t
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -100,9 +101,105 @@ def test_verify_sampling_emits_tokens_distributed_as_p(verify, should_fit, deter
     assert fits == should_fit
 
 
+# --- one verification step, piece by piece ------------------------------------------------------------
+# Fixed rows p [k+1, V] and q [k, V] (q's rows do not depend on the earlier drafts, a valid draft all the
+# same). Given the step reached draft position i: d_i is accepted with probability beta_i = sum min(p_i, q_i)
+# and then follows norm(min(p_i, q_i)); a rejection there is corrected from norm(max(p_i - q_i, 0)); after
+# k acceptances the bonus follows p_k. A deterministic draft is the point mass q_i = onehot(d_i).
+
+K, SMALL_VOCAB, STEPS = 3, 8, 10_000
+
+
+def first_row_residual(target_probs, draft_tokens, draft_probs, *, generator=None):
+    """A bug: the correction at every draft position uses the first position's q."""
+    accepted, token = verify_sampling(target_probs, draft_tokens, draft_probs, generator=generator)
+    if accepted == draft_tokens.shape[0]:
+        return accepted, token
+    q = draft_probs if draft_probs is not None else one_hot(draft_tokens, target_probs.shape[1])
+    residual = (target_probs[accepted] - q[0]).clamp(min=0)
+    return accepted, int(sample(residual / residual.sum(), generator=generator))
+
+
+def wrong_row_bonus(target_probs, draft_tokens, draft_probs, *, generator=None):
+    """A bug: the bonus token is drawn from the last draft position's row p_{k-1}, not the row after it."""
+    k = draft_tokens.shape[0]
+    if k == 0:
+        return verify_sampling(target_probs, draft_tokens, draft_probs, generator=generator)
+    shifted = torch.cat([target_probs[:k], target_probs[k - 1 : k]])  # row k serves only the bonus
+    return verify_sampling(shifted, draft_tokens, draft_probs, generator=generator)
+
+
+def one_hot(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(tokens, vocab).float()  # [k, V]
+
+
+def step_rows(deterministic_draft: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """p [k+1, V], q [k, V] and, for a deterministic draft, its fixed guesses [k] (each row's most likely
+    token: distinct, so a wrong position's q is visible)."""
+    generator = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(K + 1, SMALL_VOCAB, generator=generator) * 1.5, dim=-1)
+    q = torch.softmax(torch.randn(K, SMALL_VOCAB, generator=generator) * 1.5, dim=-1)
+    if not deterministic_draft:
+        return p, q, None
+    guesses = p[:K].argmax(dim=-1)
+    assert len(set(guesses.tolist())) == K
+    return p, one_hot(guesses, SMALL_VOCAB), guesses
+
+
+@functools.cache
+def piece_p_values(verify, deterministic_draft: bool) -> dict[str, float]:
+    """Fit of every piece of STEPS verification steps by `verify`: the accepted length, the accepted
+    tokens and the correction at each draft position, and the bonus token."""
+    p, q, guesses = step_rows(deterministic_draft)
+    generator = torch.Generator().manual_seed(1)
+    drafts = np.empty((STEPS, K), dtype=np.int64)
+    accepted, tokens = np.empty(STEPS, dtype=np.int64), np.empty(STEPS, dtype=np.int64)
+    for step in range(STEPS):
+        draft_tokens = guesses if deterministic_draft else sample(q, generator=generator)  # [k]
+        accepted[step], tokens[step] = verify(p, draft_tokens, None if deterministic_draft else q, generator=generator)
+        drafts[step] = draft_tokens.numpy()
+
+    p, q = p.double().numpy(), q.double().numpy()
+    kept = np.minimum(p[:K], q)  # [k, V]
+    beta = kept.sum(axis=1)  # [k]: P(accept at i | reached i)
+    lengths = np.append(np.cumprod(np.append(1.0, beta[:-1])) * (1 - beta), beta.prod())  # P(n), n = 0..k
+    residual = np.maximum(p[:K] - q, 0.0)  # [k, V]
+
+    def fit(draws: np.ndarray, probs: np.ndarray) -> float:
+        return chi_square_p(np.bincount(draws, minlength=len(probs)), probs / probs.sum())
+
+    values = {"accepted length": fit(accepted, lengths), "bonus": fit(tokens[accepted == K], p[K])}
+    for i in range(K):
+        values[f"correction at {i}"] = fit(tokens[accepted == i], residual[i])
+        if not deterministic_draft:  # a deterministic draft's accepted token is its guess
+            values[f"accepted at {i}"] = fit(drafts[accepted > i, i], kept[i])
+    return values
+
+
+@pytest.mark.parametrize("deterministic_draft", [False, True])
+def test_every_piece_of_a_verification_step_has_its_exact_distribution(deterministic_draft):
+    values = piece_p_values(verify_sampling, deterministic_draft)
+    assert min(values.values()) > P_MIN, values
+
+
+@pytest.mark.parametrize("mutant, broken_pieces", [
+    (first_row_residual, ["correction at 1", "correction at 2"]),
+    (wrong_row_bonus, ["bonus"]),
+])
+@pytest.mark.parametrize("deterministic_draft", [False, True])
+def test_a_mutant_verification_is_caught_by_the_piece_it_breaks(mutant, broken_pieces, deterministic_draft):
+    values = piece_p_values(mutant, deterministic_draft)
+    assert all(values[piece] < P_MIN for piece in broken_pieces), values
+    assert all(values[piece] > P_MIN for piece in values if piece not in broken_pieces), values
+
+
 # --- end to end, through generate() on a tiny model with a 16-token vocabulary -------------------------
+# GAMMA + 2 tokens: the prefill's token, then one step with a full block of GAMMA drafts, so the step
+# reaches every draft position, corrects after accepted drafts, and draws a bonus after the full block.
 
 SAMPLES = 4_000
+GAMMA = 2
+TOKENS = GAMMA + 2
 
 
 @pytest.fixture(scope="module")
@@ -116,35 +213,37 @@ def setup():
 
 
 def exact_joint(model, prompt: list[int], *, temperature: float, top_p: float) -> np.ndarray:
-    """P(x1, x2, x3) under the target alone, by enumerating every prefix. [V, V, V]."""
+    """P(x1, ..., x_TOKENS) under the target alone, by enumerating every prefix. [V] * TOKENS."""
     joint, prefixes = np.array([1.0]), [()]
     with torch.no_grad():
-        for _ in range(3):
+        for _ in range(TOKENS):
             batch = torch.tensor([prompt + list(prefix) for prefix in prefixes], device=DEVICE)
             next_probs = logits_to_probs(model(batch).logits[:, -1], temperature=temperature, top_p=top_p)
             joint = (joint[:, None] * next_probs.double().cpu().numpy()).reshape(-1)
             prefixes = [prefix + (token,) for prefix, token in itertools.product(prefixes, range(VOCAB))]
-    return joint.reshape(VOCAB, VOCAB, VOCAB)
+    return joint.reshape((VOCAB,) * TOKENS)
 
 
 def empirical_joint(target, make_proposer, prompt: list[int], *, temperature: float, top_p: float):
-    """Counts of (x1, x2, x3) over SAMPLES seeds [V, V, V], and the drafted / accepted totals."""
-    counts = np.zeros((VOCAB, VOCAB, VOCAB), dtype=np.int64)
+    """Counts of (x1, ..., x_TOKENS) over SAMPLES seeds [V] * TOKENS, and the drafted / accepted totals."""
+    counts = np.zeros((VOCAB,) * TOKENS, dtype=np.int64)
     drafted = accepted = 0
     for seed in range(SAMPLES):
-        trace = generate(target, make_proposer(), prompt, gamma=2, temperature=temperature, top_p=top_p,
-                         max_new_tokens=3, seed=seed)
+        trace = generate(target, make_proposer(), prompt, gamma=GAMMA, temperature=temperature, top_p=top_p,
+                         max_new_tokens=TOKENS, seed=seed)
         counts[trace.output_ids] += 1
         drafted, accepted = drafted + trace.drafted_tokens, accepted + trace.accepted_tokens
     return counts, drafted, accepted
 
 
-def pair_p_values(counts: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
-    """Fit of the (x1, x2) and (x2, x3) pair distributions: x2 and x3 come from the speculative step
-    (an accepted draft, a resampled correction or the bonus token), conditioned on what came before."""
-    first = chi_square_p(counts.sum(axis=2).reshape(-1), exact.sum(axis=2).reshape(-1))
-    second = chi_square_p(counts.sum(axis=0).reshape(-1), exact.sum(axis=0).reshape(-1))
-    return first, second
+def pair_p_values(counts: np.ndarray, exact: np.ndarray) -> list[float]:
+    """Fit of each consecutive pair (x_j, x_j+1): x2.. come from the speculative step (accepted drafts,
+    a resampled correction or the bonus token), conditioned on what came before."""
+    values = []
+    for j in range(TOKENS - 1):
+        others = tuple(axis for axis in range(TOKENS) if axis not in (j, j + 1))
+        values.append(chi_square_p(counts.sum(axis=others).reshape(-1), exact.sum(axis=others).reshape(-1)))
+    return values
 
 
 def proposer_factory(method: str, draft):
@@ -170,7 +269,8 @@ def test_generate_matches_the_target_distribution(setup, method, temperature, to
 ])
 def test_a_broken_acceptance_rule_is_caught(setup, method, broken, monkeypatch):
     """The end-to-end check has the power to see a wrong rule. (For ngram, resampling from p instead of
-    the residual shifts the distribution too little here to see; the one-step test above catches it.)"""
+    the residual shifts the distribution too little here to see, and the pair marginals miss a correction
+    from the wrong position's q (first_row_residual: p = 0.28 for draft); the piece tests above catch both.)"""
     monkeypatch.setattr(decode, "verify_sampling", broken)
     target, draft, prompt = setup
     exact = exact_joint(target, prompt, temperature=1.0, top_p=1.0)

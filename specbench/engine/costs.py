@@ -32,6 +32,8 @@ def verify_costs_ms(model: torch.nn.Module, *, max_tokens: int, context_tokens: 
     times: dict[int, list[float]] = {k: [] for k in range(1, max_tokens + 1)}
     with torch.inference_mode():
         cache = kv.new_cache(model)
+        # the cache holds up to context_tokens + max_tokens positions: a sequence one longer, less its newest token
+        kv.check_window(cache, kv.model_name(model), max_length=context_tokens + max_tokens + 1)
         kv.forward(model, context, cache, last=1)
         for timed in [False] + [True] * repeats:
             for k in times:

@@ -9,8 +9,8 @@ import torch
 
 from specbench.devices import Clock, PeakMemory
 from specbench.engine import kv
-from specbench.engine.proposers import Proposer
-from specbench.engine.sampling import Sampler, verify_greedy, verify_sampling
+from specbench.engine.proposers import BaselineProposer, Proposer
+from specbench.engine.sampling import Sampler, top2_gap, verify_greedy, verify_sampling
 from specbench.engine.trace import StepRecord, Trace
 
 
@@ -43,17 +43,21 @@ def generate(
     generator = torch.Generator(device=device).manual_seed(seed)
     sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
     stop = set(eos_token_ids)
+    name, max_length = kv.model_name(target), len(prompt_ids) + max_new_tokens
 
     with torch.inference_mode():
         memory = PeakMemory(device)
         memory.start()
         clock = Clock(device)
         cache = kv.new_cache(target)
+        if not isinstance(proposer, BaselineProposer):  # the baseline never rolls its cache back
+            kv.check_window(cache, name, max_length=max_length)
+        proposer.prefill(prompt_ids, max_length=max_length)
         logits = kv.forward(target, torch.tensor([prompt_ids], device=device), cache, last=1)[-1]  # [V]
-        kv.check_croppable(cache, type(target).__name__)
+        kv.check_croppable(cache, name)
         _check_logits(logits, "prefill")
         first = int(logits.argmax() if sampler.greedy else sampler.sample(sampler.probs(logits)))
-        proposer.prefill(prompt_ids)
+        gaps = [top2_gap(logits).view(1)] if sampler.greedy else []  # on the device until the request ends
         sequence = [*prompt_ids, first]
         times = [clock.now()]
         steps: list[StepRecord] = []
@@ -78,11 +82,16 @@ def generate(
             proposer.rollback(len(sequence) + accepted)
 
             new_tokens, accepted = _stop_at_eos(new_tokens, accepted, stop)
+            # an accepted EOS ends the step without a bonus; the drafts after it lie past the output's end,
+            # were never judged, and do not count as drafted
+            drafted_count = accepted if len(new_tokens) == accepted else len(drafted)
+            if sampler.greedy:
+                gaps.append(top2_gap(logits)[: len(new_tokens)])  # row i chose new token i
             sequence.extend(new_tokens)
             verified_at = clock.now()
             times.extend([verified_at] * len(new_tokens))
             steps.append(StepRecord(
-                drafted=len(drafted), accepted=accepted, emitted=len(new_tokens),
+                drafted=drafted_count, accepted=accepted, emitted=len(new_tokens),
                 draft_s=drafted_at - started, verify_s=verified_at - drafted_at,
             ))
             if on_step is not None:
@@ -96,6 +105,7 @@ def generate(
         steps=tuple(steps),
         gamma=gamma,
         peak_memory_growth_bytes=memory.growth_bytes(),
+        top2_gap=tuple(torch.cat(gaps).tolist()) if gaps else (),
     )
 
 

@@ -2,9 +2,11 @@
 
 `baseline` is plain `generate`; `draft` is assisted generation with `assistant_model` and a constant
 `num_assistant_tokens = gamma`; `ngram` is prompt-lookup decoding with `prompt_lookup_num_tokens = gamma`.
-HF does not expose per-step drafts, so steps carry emitted tokens and times only (drafted = None);
+HF does not expose per-step drafts, so steps carry emitted tokens and times only (drafted = None), and a
+step cut at an end-of-sequence token counts that token as the bonus even when it was an accepted draft;
 each step is one target forward pass (counted with a forward hook). HF folds the prefill into the first
-step, so its first step is the prefill.
+step, so its first step is the prefill. Traces carry no top2_gap: `output_logits` would keep a float32
+[V] row per output token on the device, which the peak memory measured here would include.
 """
 
 from __future__ import annotations

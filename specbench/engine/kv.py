@@ -91,6 +91,33 @@ def crop(cache: DynamicCache, length: int) -> None:
         cache.crop(-excess)
 
 
+def model_name(model: torch.nn.Module) -> str:
+    """The folder or hub id a model was loaded from, else its class name."""
+    return getattr(model.config, "name_or_path", "") or type(model).__name__
+
+
+def sliding_window(cache: DynamicCache) -> int | None:
+    """The smallest window of the cache's sliding-window layers; None when no layer slides. Read from the
+    layers transformers builds for the config, so a config that sets sliding_window without using it
+    (Qwen2 with use_sliding_window = false) gives None."""
+    windows = [getattr(layer, "sliding_window", None) for layer in getattr(cache, "layers", ())]
+    return min((window for window in windows if window is not None), default=None)
+
+
+def check_window(cache: DynamicCache, model_name: str, *, max_length: int) -> None:
+    """A sliding-window layer keeps only the last sliding_window - 1 positions, so a rejected draft cannot be
+    rolled back once it holds more. A request of up to max_length tokens (prompt + max_new_tokens) caches all
+    but the newest, so with max_length <= sliding_window the cache never slides."""
+    window = sliding_window(cache)
+    if window is not None and max_length > window:
+        raise ValueError(
+            f"model '{model_name}' uses a sliding-window attention cache (sliding_window={window}) that speculative "
+            f"decoding cannot roll back once prompt + max_new_tokens ({max_length}) exceeds it; use a model without "
+            "sliding_window, set \"sliding_window\": null in its config.json, or keep prompt + max_new_tokens within "
+            "the window"
+        )
+
+
 def check_croppable(cache: DynamicCache, model_name: str) -> None:
     if not getattr(cache, "is_croppable", True):
         raise ValueError(

@@ -21,8 +21,8 @@ class Proposal:
 class Proposer(Protocol):
     method: str
 
-    def prefill(self, prompt_ids: list[int]) -> None:
-        """Start a request (called once, before the first token is emitted)."""
+    def prefill(self, prompt_ids: list[int], *, max_length: int) -> None:
+        """Start a request (called once, before the target's prefill); max_length = prompt + max_new_tokens."""
 
     def propose(self, sequence: list[int], k: int, sampler: Sampler) -> Proposal:
         """Up to k tokens to follow `sequence` (prompt + output so far)."""
@@ -39,7 +39,7 @@ class BaselineProposer:
     def __init__(self, device: torch.device):
         self._empty = Proposal(torch.empty(0, dtype=torch.long, device=device), None)
 
-    def prefill(self, prompt_ids: list[int]) -> None:
+    def prefill(self, prompt_ids: list[int], *, max_length: int) -> None:
         pass
 
     def propose(self, sequence: list[int], k: int, sampler: Sampler) -> Proposal:
@@ -60,17 +60,18 @@ class DraftModelProposer:
 
     method = "draft"
 
-    def __init__(self, model: torch.nn.Module, *, vocab_size: int, device: torch.device, name: str = "draft"):
+    def __init__(self, model: torch.nn.Module, *, vocab_size: int, device: torch.device, name: str | None = None):
         self.model = model
         self.vocab_size = vocab_size
         self.device = device
-        self.name = name
+        self.name = name or kv.model_name(model)
         self.cache = kv.new_cache(model)
         self.input_vocab_size = model.get_input_embeddings().weight.shape[0]
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
 
-    def prefill(self, prompt_ids: list[int]) -> None:
+    def prefill(self, prompt_ids: list[int], *, max_length: int) -> None:
         self.cache = kv.new_cache(self.model)
+        kv.check_window(self.cache, self.name, max_length=max_length)
         kv.forward(self.model, self._input(prompt_ids), self.cache, last=1)
         kv.check_croppable(self.cache, self.name)
 
@@ -122,7 +123,7 @@ class NgramProposer:
         self.ngram_max = ngram_max
         self.device = device
 
-    def prefill(self, prompt_ids: list[int]) -> None:
+    def prefill(self, prompt_ids: list[int], *, max_length: int) -> None:
         pass
 
     def propose(self, sequence: list[int], k: int, sampler: Sampler) -> Proposal:

@@ -54,6 +54,12 @@ def leading_accepts(accept: torch.Tensor) -> torch.Tensor:
     return accept.long().cumprod(dim=0).sum()
 
 
+def top2_gap(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> [...] float32: the largest logit minus the second largest (0 at an exact tie)."""
+    top2 = logits.topk(2, dim=-1).values.float()  # [..., 2]
+    return top2[..., 0] - top2[..., 1]
+
+
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[int, int]:
     """target_logits [k+1, V], draft_tokens [k] -> (accepted, next token).
     Accept drafted tokens while they equal the target's argmax; the next token is the target's argmax

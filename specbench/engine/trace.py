@@ -9,10 +9,11 @@ from dataclasses import dataclass
 class StepRecord:
     """One target forward pass after the prefill.
 
-    drafted: tokens the proposer offered (None when the backend cannot tell, e.g. HF `generate`);
-    accepted: drafted tokens kept; emitted: tokens appended = accepted + bonus, where the bonus (the
-    target's own token: a correction or the token after a fully accepted draft) is 1, or 0 when an
-    accepted end-of-sequence token ended the request. Times in seconds; None when not measured.
+    drafted: tokens the proposer offered, less those after an accepted end-of-sequence token, which lie
+    past the end of the output and were never judged (None when the backend cannot tell, e.g. HF
+    `generate`); accepted: drafted tokens kept; emitted: tokens appended = accepted + bonus, where the
+    bonus (the target's own token: a correction or the token after a fully accepted draft) is 1, or 0 when
+    an accepted end-of-sequence token ended the request. Times in seconds; None when not measured.
     """
 
     drafted: int | None
@@ -33,6 +34,9 @@ class Trace:
     steps: tuple[StepRecord, ...]  # decode steps; the prefill's first token is not a step
     gamma: int
     peak_memory_growth_bytes: int | None = None
+    # [output_tokens] at temperature 0 (else empty): the target's top logit minus its second one in the row
+    # that chose each output token; near 0, a low-precision verification may flip the argmax
+    top2_gap: tuple[float, ...] = ()
 
     @property
     def output_tokens(self) -> int:
@@ -100,3 +104,18 @@ class Trace:
         if self.drafted_tokens is None:
             return None
         return tuple(sum(1 for step in self.steps if step.drafted > i) for i in range(self.gamma))
+
+
+def first_divergence(
+    output_ids: tuple[int, ...], reference_ids: tuple[int, ...], *,
+    gaps: tuple[float, ...], reference_gaps: tuple[float, ...],
+) -> tuple[int, float | None] | None:
+    """(position, gap) of the first output token where two greedy runs differ, gap being the smaller of
+    their top-2 gaps there (None where neither recorded one); None when the outputs are identical.
+    A small gap says the runs parted at a near-tie of the target's logits, not necessarily at a bug."""
+    if output_ids == reference_ids:
+        return None
+    position = next((i for i, (a, b) in enumerate(zip(output_ids, reference_ids)) if a != b),
+                    min(len(output_ids), len(reference_ids)))  # one output is a prefix of the other
+    recorded = [g[position] for g in (gaps, reference_gaps) if position < len(g)]
+    return position, min(recorded) if recorded else None
