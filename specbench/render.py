@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from specbench.contention import ADVICE
 from specbench.models import BuiltinInfo
 from specbench.results import PointSpec
 
@@ -64,12 +65,16 @@ def fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
 
 
 def best_points_table(points: pd.DataFrame, *, per_temperature: int = 5) -> list[Table]:
-    """Per temperature (and top_p): the fastest points first, the baseline included for reference.
-    MAL = mean accepted length (tokens per target step); match = greedy output equals the baseline's."""
+    """Per temperature (and top_p, and concurrency where it varies): the fastest points first, the baseline included for reference.
+    MAL = mean accepted length (tokens per target step); match = greedy output equals the baseline's;
+    a speedup marked "!" was measured while the machine was not quiet (the point or its baseline)."""
     tables = []
     ok = points[points["status"] == "ok"]
-    for (temperature, top_p), group in ok.groupby(["temperature", "top_p"], sort=True):
-        title = f"temperature {temperature:g}" + (f", top_p {top_p:g}" if top_p < 1 else "")
+    if "concurrency" not in ok:
+        ok = ok.assign(concurrency=1)
+    for (temperature, top_p, concurrency), group in ok.groupby(["temperature", "top_p", "concurrency"], sort=True):
+        title = (f"temperature {temperature:g}" + (f", top_p {top_p:g}" if top_p < 1 else "")
+                 + (f", concurrency {concurrency}" if ok["concurrency"].nunique() > 1 else ""))
         table = Table(title=title, title_justify="left")
         table.add_column("point", no_wrap=True)
         for column in ("speedup", "95% CI", "tok/s", "accept", "MAL", "TPOT ms", "peak MB", "match"):
@@ -81,9 +86,10 @@ def best_points_table(points: pd.DataFrame, *, per_temperature: int = 5) -> list
             shown = pd.concat([shown, ranked[ranked["method"] == "baseline"]])
         for row in shown.to_dict("records"):
             match = row["outputs_match_baseline"]
+            unstable = row.get("unstable") is True
             table.add_row(
                 row["point_id"],
-                f"{fmt(row['speedup'])}x",
+                f"{fmt(row['speedup'])}x" + (" [bold yellow]![/bold yellow]" if unstable else ""),
                 f"{fmt(row['speedup_ci_low'])}-{fmt(row['speedup_ci_high'])}",
                 fmt(row["tokens_per_s"], ".1f"),
                 fmt(row["acceptance_rate"], ".0%"),
@@ -107,7 +113,23 @@ def print_run_summary(console: Console, points: pd.DataFrame, out_dir: str) -> N
     for row in mismatched.to_dict("records"):
         console.print(f"[bold red]greedy output differs from the baseline at {row['point_id']}: the engine is "
                       "broken for this point, its speed means nothing[/bold red]")
+    print_unstable(console, points)
     console.print(f"results: {escape(str(out_dir))}  ({len(points) - len(failed)} ok, {len(failed)} failed)")
+
+
+def print_unstable(console: Console, points: pd.DataFrame) -> None:
+    """Never a silent speedup from a contended point: say which, why, and what to do."""
+    if "unstable" not in points:
+        return
+    unstable = points[points["unstable"].eq(True).fillna(False)]
+    if not len(unstable):
+        return
+    console.print(f"[bold yellow]! unstable timing at {len(unstable)} of {len(points)} points: their speedups "
+                  f"cannot be trusted; {ADVICE}[/bold yellow]")
+    for row in unstable.head(8).to_dict("records"):
+        console.print(f"[yellow]  {row['point_id']}: {escape(str(row['unstable_reason']))}[/yellow]")
+    if len(unstable) > 8:
+        console.print(f"[yellow]  ... and {len(unstable) - 8} more (specbench report shows all)[/yellow]")
 
 
 def print_builtins(console: Console, builtins: list[BuiltinInfo]) -> None:

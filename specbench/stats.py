@@ -1,4 +1,5 @@
-"""Statistics over raw per-request measurements: percentiles, paired bootstrap speedups, the analytic model.
+"""Statistics over raw per-request measurements: percentiles, paired bootstrap speedups, the analytic
+model of a speculative step, and the Pareto front.
 
 Everything a summary reports is derived here, from the per-request rows; nothing is tracked in parallel.
 """
@@ -6,8 +7,11 @@ Everything a summary reports is derived here, from the per-request rows; nothing
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+PerPrompt = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # point tokens, s, baseline tokens, s: [P] each
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -21,6 +25,9 @@ def throughput(output_tokens: Sequence[int], e2e_s: Sequence[float]) -> float:
     """Tokens per second over requests run one after another: total tokens / total time."""
     total_s = float(np.sum(e2e_s))
     return float(np.sum(output_tokens)) / total_s if total_s > 0 else float("nan")
+
+
+# --- paired bootstrap over prompts ----------------------------------------------------------------
 
 
 def paired_bootstrap_speedup(
@@ -38,31 +45,203 @@ def paired_bootstrap_speedup(
 
     Inputs are per prompt (repeats already summed): tokens [P] and seconds [P] for each side.
     """
-    if not (len(point_tokens) == len(point_s) == len(baseline_tokens) == len(baseline_s)) or len(point_s) == 0:
+    sides = (point_tokens, point_s, baseline_tokens, baseline_s)
+    return _paired_bootstrap(lambda picks: _speedup(sides, picks), sides, n_resamples=n_resamples,
+                             confidence=confidence, seed=seed)
+
+
+def paired_bootstrap_speedup_ratio(
+    first: PerPrompt,
+    second: PerPrompt,
+    *,
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(speedup of `first`) / (speedup of `second`) on the same prompts, e.g. one backend's speedup over
+    another's; the bootstrap resamples prompts, keeping each prompt's four measurements together.
+
+    Each side is (point tokens, point seconds, baseline tokens, baseline seconds), per prompt [P].
+    """
+    return _paired_bootstrap(lambda picks: _speedup(first, picks) / _speedup(second, picks), (*first, *second),
+                             n_resamples=n_resamples, confidence=confidence, seed=seed)
+
+
+def _speedup(sides: PerPrompt, picks: np.ndarray) -> np.ndarray:
+    """Throughput ratio over the picked prompts: picks [P] -> scalar, or [B, P] -> [B]."""
+    point_tokens, point_s, baseline_tokens, baseline_s = (np.asarray(a, dtype=float)[picks] for a in sides)
+    return (point_tokens.sum(-1) / point_s.sum(-1)) / (baseline_tokens.sum(-1) / baseline_s.sum(-1))
+
+
+def _paired_bootstrap(statistic, arrays, *, n_resamples: int, confidence: float,
+                      seed: int) -> tuple[float, float, float]:
+    """(statistic on all prompts, percentile bootstrap CI) where statistic(picks) takes prompt indices."""
+    n = len(arrays[0])
+    if n == 0 or any(len(a) != n for a in arrays):
         raise ValueError("paired bootstrap needs the same non-empty set of prompts on both sides")
-    speedup = (point_tokens.sum() / point_s.sum()) / (baseline_tokens.sum() / baseline_s.sum())
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(point_s), size=(n_resamples, len(point_s)))  # [B, P]
-    resampled = (point_tokens[picks].sum(1) / point_s[picks].sum(1)) / (
-        baseline_tokens[picks].sum(1) / baseline_s[picks].sum(1)
-    )
+    picks = np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))  # [B, P]
     tail = (1.0 - confidence) / 2 * 100
-    low, high = np.percentile(resampled, [tail, 100 - tail])
-    return float(speedup), float(low), float(high)
+    low, high = np.percentile(statistic(picks), [tail, 100 - tail])
+    return float(statistic(np.arange(n))), float(low), float(high)
+
+
+# --- the analytic model ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """What one speculative step drafts and keeps, as measured: per draft position k = 0..gamma - 1,
+
+    drafted_at_least[k] = P(a step drafts at least k + 1 tokens)  (drafted_per_position[k] / steps)
+    accepted_through[k] = P(a step accepts drafted tokens 0..k)    (accepted_per_position[k] / steps)
+
+    A draft model drafts gamma tokens every step (drafted_at_least all 1); n-gram lookup drafts fewer, or
+    none, when nothing matches. Both are non-increasing in k and accepted_through <= drafted_at_least.
+    """
+
+    drafted_at_least: tuple[float, ...]  # [gamma]
+    accepted_through: tuple[float, ...]  # [gamma]
+
+    def __post_init__(self):
+        drafted, accepted = np.asarray(self.drafted_at_least), np.asarray(self.accepted_through)
+        if len(drafted) != len(accepted):
+            raise ValueError(f"per-position lists of different lengths: drafted {len(drafted)}, "
+                             f"accepted {len(accepted)}")
+        if np.any(accepted > drafted + 1e-9) or np.any(drafted > 1 + 1e-9) or np.any(accepted < 0):
+            raise ValueError("per-position shares must satisfy 0 <= accepted <= drafted <= 1")
+
+    @classmethod
+    def from_counts(cls, *, steps: int, drafted_per_position: Sequence[int],
+                    accepted_per_position: Sequence[int]) -> "StepModel":
+        """From a point's summed counts (results.request_row): drafted_per_position[k] = steps that drafted
+        at least k + 1 tokens, accepted_per_position[k] = steps that accepted at least k + 1."""
+        if steps <= 0:
+            raise ValueError(f"the model needs at least one step (got {steps})")
+        gamma = max(len(drafted_per_position), len(accepted_per_position))
+        drafted = np.zeros(gamma)
+        drafted[: len(drafted_per_position)] = drafted_per_position
+        accepted = np.zeros(gamma)
+        accepted[: len(accepted_per_position)] = accepted_per_position
+        return cls(tuple(float(d) / steps for d in drafted), tuple(float(a) / steps for a in accepted))
+
+    @classmethod
+    def geometric(cls, *, alpha: float, gamma: int) -> "StepModel":
+        """Leviathan et al.'s model: gamma tokens drafted every step, each accepted with probability alpha
+        given the earlier ones were."""
+        return cls((1.0,) * gamma, tuple(alpha ** (k + 1) for k in range(gamma)))
+
+    @property
+    def gamma(self) -> int:
+        return len(self.drafted_at_least)
+
+    def at_gamma(self, gamma: int) -> "StepModel":
+        """The same draft at a speculation length gamma <= the measured one: a step drafts
+        min(drafted, gamma) tokens and keeps the same accepted prefix."""
+        if not 1 <= gamma <= self.gamma:
+            raise ValueError(f"gamma {gamma} is outside the measured 1..{self.gamma}")
+        return StepModel(self.drafted_at_least[:gamma], self.accepted_through[:gamma])
+
+    def drafted_share(self) -> tuple[float, ...]:
+        """[gamma + 1]: P(a step drafts exactly k tokens), k = 0..gamma."""
+        at_least = [1.0, *self.drafted_at_least, 0.0]
+        return tuple(max(at_least[k] - at_least[k + 1], 0.0) for k in range(self.gamma + 1))
+
+    def acceptance_given_drafted(self) -> tuple[float, ...]:
+        """[gamma]: P(drafted tokens 0..k all accepted | the step drafted at least k + 1); 0 where no
+        step drafted that far."""
+        return tuple(a / d if d > 0 else 0.0 for a, d in zip(self.accepted_through, self.drafted_at_least))
+
+    def tokens_per_step(self) -> float:
+        """E[tokens emitted per step] = 1 (the target's own token) + E[accepted drafted tokens]."""
+        return 1.0 + sum(self.accepted_through)
+
+    def drafted_per_step(self) -> float:
+        """E[drafted tokens per step]."""
+        return sum(self.drafted_at_least)
+
+    def verify_ms(self, verify_ms_by_tokens: Sequence[float]) -> float:
+        """E[time of one verification] from the time of a forward pass of k tokens (index k - 1,
+        k = 1..gamma + 1): a step that drafted k tokens verifies k + 1."""
+        if len(verify_ms_by_tokens) < self.gamma + 1:
+            raise ValueError(f"need verify times for 1..{self.gamma + 1} tokens (got {len(verify_ms_by_tokens)})")
+        return float(sum(p * verify_ms_by_tokens[k] for k, p in enumerate(self.drafted_share())))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The analytic speedup (Leviathan et al. 2023, with measured drafting and costs).
+
+    Per step: E[tokens per step] over the step's expected cost relative to one autoregressive target step,
+    step_ms = draft_ms_per_token * E[drafted tokens per step] + verify_ms_per_step (the expected time of
+    verifying a step's drafted tokens plus one). Per request, when its prefill is given: a request is its
+    prefill (TTFT: target and draft prefill and the first token) and then `decode_tokens` tokens at that
+    rate, against the baseline's prefill and one token per target step."""
+
+    model: StepModel
+    draft_ms_per_token: float
+    verify_ms_per_step: float
+    target_ms_per_token: float  # the baseline's time per step (one token)
+    decode_tokens: float = 0.0  # per request: output tokens after the prefill's first one
+    ttft_ms: float = 0.0  # per request
+    baseline_ttft_ms: float = 0.0  # per request
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.model.tokens_per_step()
+
+    @property
+    def step_ms(self) -> float:
+        return self.draft_ms_per_token * self.model.drafted_per_step() + self.verify_ms_per_step
+
+    @property
+    def decode_speedup(self) -> float:
+        """E[tokens per step] / (step_ms / target_ms_per_token): the speedup of the decode steps alone."""
+        return self.tokens_per_step / (self.step_ms / self.target_ms_per_token)
+
+    @property
+    def speedup(self) -> float:
+        """(baseline TTFT + n * target ms) / (TTFT + n * step ms / E[tokens per step]) for n decode tokens;
+        the decode speedup when no prefill is given."""
+        n = self.decode_tokens
+        if n <= 0 or (self.ttft_ms == 0 and self.baseline_ttft_ms == 0):
+            return self.decode_speedup
+        return (self.baseline_ttft_ms + n * self.target_ms_per_token) / (
+            self.ttft_ms + n * self.step_ms / self.tokens_per_step)
 
 
 def expected_tokens_per_step(alpha: float, gamma: float) -> float:
-    """E[tokens emitted per target step] = (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023)."""
+    """E[tokens emitted per target step] = (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023):
+    gamma tokens drafted every step, each accepted with probability alpha."""
     if alpha >= 1.0:
         return gamma + 1.0
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
 def predicted_speedup(
-    *, alpha: float, gamma: float, draft_s_per_token: float, verify_s: float, target_s_per_token: float
+    *, alpha: float, gamma: int, draft_s_per_token: float, verify_s: float, target_s_per_token: float
 ) -> float:
-    """The analytic speedup: expected tokens per step over the step's cost relative to one autoregressive
-    target step. Leviathan et al. use gamma * c + 1 with c = draft / target time per token; here the
-    verify term is the measured time of verifying gamma + 1 tokens instead of one target step."""
-    relative_cost = (gamma * draft_s_per_token + verify_s) / target_s_per_token
-    return expected_tokens_per_step(alpha, gamma) / relative_cost
+    """Leviathan et al.'s closed form: gamma tokens drafted every step, per-token acceptance alpha, the
+    verify term the measured time of verifying gamma + 1 tokens (any one time unit throughout). It
+    overshoots for drafts that draft fewer tokens than gamma (n-grams): `Prediction` uses what was drafted."""
+    return Prediction(StepModel.geometric(alpha=alpha, gamma=gamma), draft_ms_per_token=draft_s_per_token,
+                      verify_ms_per_step=verify_s, target_ms_per_token=target_s_per_token).speedup
+
+
+# --- Pareto front -----------------------------------------------------------------------------------
+
+
+def pareto_mask(maximize: Sequence[float], minimize: Sequence[float]) -> np.ndarray:
+    """[N] bool: True where no other point is at least as good on both (maximize higher, minimize lower)
+    and strictly better on one. Identical points are all on the front; a point with a NaN is never on it
+    and beats nothing."""
+    high = np.asarray(maximize, dtype=float)  # [N]
+    low = np.asarray(minimize, dtype=float)  # [N]
+    if high.shape != low.shape or high.ndim != 1:
+        raise ValueError(f"pareto_mask needs two 1-d arrays of one length (got {high.shape} and {low.shape})")
+    valid = ~(np.isnan(high) | np.isnan(low))
+    high, low = np.where(valid, high, -np.inf), np.where(valid, low, np.inf)
+    # beats[j, i]: point j dominates point i
+    at_least = (high[:, None] >= high[None, :]) & (low[:, None] <= low[None, :])
+    strictly = (high[:, None] > high[None, :]) | (low[:, None] < low[None, :])
+    beats = at_least & strictly & valid[:, None]
+    return valid & ~beats.any(axis=0)

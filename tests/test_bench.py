@@ -1,11 +1,18 @@
-"""`python -m specbench.bench` options (the measurement itself is `make bench`, not a test)."""
+"""`python -m specbench.bench`: options, and the figures it derives from request rows (the measurement itself
+is `make bench`, not a test)."""
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 
-from specbench.bench import MODEL, BenchConfig, draft_quantize, parse_args
+from specbench import results, stats
+from specbench.summary import predict
+from specbench.bench import MODEL, BenchConfig, Measurement, draft_quantize, parse_args, summarize
+from specbench.bench.render import render
+from specbench.decoding.trace import StepRecord, Trace
+from specbench.results import PointSpec
 
 
 def test_options_choose_the_model_device_and_dtype():
@@ -23,3 +30,66 @@ def test_the_self_draft_is_int8_only_where_dynamic_quantisation_works():
     assert draft_quantize(torch.device("cpu"), torch.float32) == "int8"
     assert draft_quantize(torch.device("cpu"), torch.bfloat16) is None
     assert draft_quantize(torch.device("cuda"), torch.float32) is None
+
+
+# --- figures from request rows (no model: hand-built traces) ------------------------------------
+
+
+def _trace(steps: list[tuple[int | None, int]], *, step_ms: float, ttft_ms: float) -> Trace:
+    records = [StepRecord(drafted=d, accepted=a, emitted=a + 1, draft_s=0.0 if d is not None else None,
+                          verify_s=step_ms / 1e3 if d is not None else None) for d, a in steps]
+    times = [ttft_ms / 1e3]
+    for i, record in enumerate(records, start=1):
+        times += [(ttft_ms + i * step_ms) / 1e3] * record.emitted
+    return Trace(prompt_tokens=10, output_ids=tuple(range(len(times))), ttft_s=ttft_ms / 1e3,
+                 token_times_s=tuple(times), steps=tuple(records), gamma=2)
+
+
+def _measurement() -> Measurement:
+    config = BenchConfig(prompts=2, gamma=2, repeats=2, draft=False)
+    baseline = PointSpec.baseline(0.0, 1.0)
+    ngram = PointSpec("ngram-g2-t0-p1", "ngram", "ngram", 2, 0.0, 1.0, ngram_min=1, ngram_max=3)
+    steps = {"baseline": [(0, 0)] * 8, "ngram": [(2, 2), (2, 0), (2, 2), (0, 0)]}  # 8 decode tokens each
+    rows = []
+    for backend in ("native", "hf"):
+        for spec in (baseline, ngram):
+            for prompt in range(2):
+                for repeat in range(2):
+                    step_ms = {"native": 10.0, "hf": 12.0}[backend] * (1 + prompt) * (1.5 if repeat else 1.0)
+                    recorded = [(d if backend == "native" else None, a) for d, a in steps[spec.method]]
+                    trace = _trace(recorded, step_ms=step_ms, ttft_ms=5.0)
+                    rows.append({"backend": backend, **results.request_row(
+                        spec, point_key="k", prompt_id=f"p{prompt}", category="c", repeat=repeat, seed=0, trace=trace)})
+    return Measurement(config, "cpu", 1, (baseline, ngram), (10, 10), pd.DataFrame(rows), {})
+
+
+def test_the_figures_come_from_each_prompts_fastest_repeat_through_results_and_stats():
+    measurement = _measurement()
+    summary = summarize(measurement)
+    baseline, ngram = summary.methods
+    # 4 of 6 drafted tokens accepted; one rejection, after which one drafted token was never judged
+    assert (ngram.acceptance_rate, ngram.alpha) == (4 / 6, 4 / 5)
+    fastest = measurement.requests[measurement.requests["repeat"] == 0]  # repeat 1 is 1.5x slower everywhere
+    side = {(b, m): fastest[(fastest["backend"] == b) & (fastest["point_id"] == s.point_id)]
+            for b in ("native", "hf") for m, s in zip(("baseline", "ngram"), measurement.specs)}
+    per_prompt = {key: (rows["output_tokens"].to_numpy(float), rows["e2e_ms"].to_numpy(float))
+                  for key, rows in side.items()}
+    assert ngram.native.speedup.value == pytest.approx(
+        stats.paired_bootstrap_speedup(*per_prompt["native", "ngram"], *per_prompt["native", "baseline"])[0])
+    assert (ngram.native_over_hf.value, ngram.native_over_hf.low, ngram.native_over_hf.high) == pytest.approx(
+        stats.paired_bootstrap_speedup_ratio((*per_prompt["native", "ngram"], *per_prompt["native", "baseline"]),
+                                             (*per_prompt["hf", "ngram"], *per_prompt["hf", "baseline"])))
+    # tokens/s ratio = HF milliseconds / native milliseconds (the same tokens)
+    assert baseline.native_over_hf.value == pytest.approx((5 + 8 * 12 + 5 + 8 * 24) / (5 + 8 * 10 + 5 + 8 * 20))
+    assert ngram.prediction == predict(side["native", "ngram"], side["native", "baseline"])
+    assert ngram.prediction.model.drafted_share() == (0.25, 0.0, 0.75)
+    assert ngram.native.mean_accepted_length == ngram.hf.mean_accepted_length == 2.0
+    assert (ngram.identical, ngram.compared) == (4, 4) and summary.mismatches == ()
+    assert 0.44 < summary.repeat_spread < 0.49  # repeat 1's steps took 1.5x as long; the 5 ms prefill did not
+
+
+def test_the_tables_name_alpha_and_the_acceptance_rate_apart(capsys):
+    render(summarize(_measurement()))
+    out = capsys.readouterr().out
+    assert "acceptance rate" in out and "α" in out and "predicted ÷ measured" in out
+    assert "engine" not in out  # native and hf are backends

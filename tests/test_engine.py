@@ -10,10 +10,10 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from specbench.engine import BaselineProposer, DraftModelProposer, NgramProposer, StepState, Trace, generate
-from specbench.engine import kv
-from specbench.engine.hf import hf_generate
-from specbench.engine.proposers import lookup
+from specbench.decoding import BaselineProposer, DraftModelProposer, NgramProposer, StepState, Trace, generate
+from specbench.decoding import kv
+from specbench.decoding.hf import hf_generate
+from specbench.decoding.proposers import lookup
 from tiny import DEVICE, perturbed, resized_vocab, tiny_llama
 
 PROMPT = [5, 9, 13, 22, 5, 9, 40, 41, 42, 5, 9, 13, 7]
@@ -210,7 +210,7 @@ def test_the_baseline_decodes_past_the_window():
 
 
 def test_verify_costs_refuse_a_window_they_would_outgrow():
-    from specbench.engine.costs import verify_costs_ms
+    from specbench.decoding.costs import verify_costs_ms
 
     target = tiny_mistral(sliding_window=16)
     assert len(verify_costs_ms(target, max_tokens=5, context_tokens=10, repeats=1)) == 5  # caches up to 15
@@ -251,7 +251,7 @@ def test_ngram_lookup_takes_the_longest_match_at_its_earliest_occurrence():
 
 
 def test_verify_costs_time_every_token_count_and_leave_no_cache_behind(target):
-    from specbench.engine.costs import verify_costs_ms
+    from specbench.decoding.costs import verify_costs_ms
 
     costs = verify_costs_ms(target, max_tokens=5, context_tokens=12, repeats=2)
     assert len(costs) == 5 and all(cost > 0 for cost in costs)

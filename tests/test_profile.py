@@ -67,8 +67,9 @@ def edited(key: tuple, value) -> dict:
 # --- the shipped profiles ----------------------------------------------------------------
 
 
-def test_three_profiles_are_shipped_and_the_default_is_one_of_them():
+def test_the_shipped_profiles_and_the_default_is_one_of_them():
     assert [path.name for path in SHIPPED] == [
+        "llama-server-cpu.toml",
         "quickstart.toml",
         "qwen-coder-cpu.toml",
         "qwen2.5-gpu.toml",
@@ -201,14 +202,14 @@ def test_profiles_are_frozen():
 
 MODELS = ", ".join(BUILTIN_MODELS)
 SETS = ", ".join(BUILTIN_SETS)
-PROFILE_KEYS = "name, backend, device, dtype, target, drafts, sweep, workload, run"
+PROFILE_KEYS = "name, backend, server, device, dtype, target, drafts, sweep, workload, run"
 DRAFT_KEYS = "name, method, model, quantize, ngram_min, ngram_max"
 
 BAD_VALUES = [
     # (key, value or None to remove it, message after "<file>: ")
     (("profile",), 1, f"unknown key 'profile' (known: {PROFILE_KEYS})"),
     (("source",), "x.toml", f"unknown key 'source' (known: {PROFILE_KEYS})"),
-    (("sweep", "gama"), [2], "unknown key 'sweep.gama' (known: gamma, temperature, top_p)"),
+    (("sweep", "gama"), [2], "unknown key 'sweep.gama' (known: gamma, temperature, top_p, concurrency)"),
     (("drafts", 0, "ngram"), 2, f"unknown key 'drafts[0].ngram' (known: {DRAFT_KEYS})"),
     (("sweep", "gamma"), "4", 'sweep.gamma: must be a list (got "4")'),
     (("sweep", "gamma"), [2, "4"], 'sweep.gamma[1]: must be an integer (got "4")'),
@@ -237,12 +238,16 @@ BAD_VALUES = [
     (("drafts", 0, "quantize"), "int8", 'drafts[0].quantize: not used by method "ngram" (remove it, or set method = "draft")'),
     (("drafts", 0, "ngram_min"), 4, "drafts[0].ngram_min: must be <= ngram_max = 3 (got 4)"),
     (("drafts", 0, "ngram_min"), 0, "drafts[0].ngram_min: must be an integer >= 1 (got 0)"),
-    (("drafts", 0, "method"), "eagle", "drafts[0].method: must be 'draft' or 'ngram' (got \"eagle\")"),
+    (("drafts", 0, "method"), "eagle", 'drafts[0].model: required for method "eagle" (set model = "builtin:..." or a hub id/path)'),
+    (("drafts", 0, "method"), "spec", "drafts[0].method: must be 'draft', 'ngram', 'eagle', 'eagle3', 'mtp' or 'medusa' (got \"spec\")"),
+    (("sweep", "concurrency"), [1, 4], 'sweep.concurrency: backend "native" runs one request at a time: use concurrency = [1], or backend = "server"'),
+    (("server",), {"engine": "vllm"}, 'server: used only by backend = "server" (the profile runs backend "native")'),
     (("drafts", 1, "name"), "ngram", 'drafts[1].name: duplicate draft name "ngram" (give each draft its own name)'),
     (("drafts", 0, "name"), "baseline", 'drafts[0].name: "baseline" is reserved for the target-only run (choose another name)'),
     (("name",), "my run", "name: must be usable as a folder name: letters, digits, '.', '_' or '-' (got \"my run\")"),
     (("name",), "..", "name: must be usable as a folder name: letters, digits, '.', '_' or '-' (got \"..\")"),
-    (("backend",), "vllm", "backend: must be 'native' or 'hf' (got \"vllm\")"),
+    (("backend",), "vllm", "backend: must be 'native', 'hf' or 'server' (got \"vllm\")"),
+    (("backend",), "server", 'server: backend "server" needs a [server] table (engine = "vllm", "llama.cpp", ... or url = ...)'),
     (("device",), "gpu", 'device: must be "auto", "cpu", "cuda" or "cuda:N" (got "gpu")'),
     (("dtype",), "fp16", "dtype: must be 'auto', 'float32', 'bfloat16' or 'float16' (got \"fp16\")"),
 ]

@@ -14,9 +14,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specbench.engine import BaselineProposer, DraftModelProposer, NgramProposer, generate, logits_to_probs
-from specbench.engine import decode
-from specbench.engine.sampling import leading_accepts, sample, verify_sampling
+from specbench.decoding import BaselineProposer, DraftModelProposer, NgramProposer, generate, logits_to_probs
+from specbench.decoding import decode
+from specbench.decoding.sampling import leading_accepts, sample, verify_sampling
 from tiny import DEVICE, perturbed, tiny_llama
 
 VOCAB = 16

@@ -246,6 +246,31 @@ def test_bad_prompts_file_and_missing_device_fail_cleanly(project):
     assert not (project / "results").exists()
 
 
+def test_max_new_tokens_past_the_context_window_is_refused_up_front(project):
+    (project / "tiny.toml").write_text(PROFILE.replace("max_new_tokens = 16", "max_new_tokens = 100000000"))
+    result = run_cli("tiny.toml")
+    assert result.exit_code == 2
+    line = result.output.strip().splitlines()[-1]  # after the "loading target" progress line
+    assert line.startswith("error: tiny.toml: workload.max_new_tokens: 100000000 new tokens after the longest prompt (")
+    assert "exceed the target's context window of 512 tokens; use max_new_tokens <= " in line
+    assert not (project / "results").exists()
+
+
+def test_a_draft_with_a_shorter_context_window_fails_its_own_points(project):
+    short = tiny_llama(vocab_size=len(WORDS), seed=3)
+    short.config.max_position_embeddings = 12  # the prompts plus 16 new tokens do not fit
+    write_model_folder(project / "short", short)
+    (project / "tiny.toml").write_text(PROFILE.replace('model = "./draft"', 'model = "./short"'))
+    result = run_cli("tiny.toml")
+    assert result.exit_code == 1
+    points, _ = read(project / "results" / "tiny")
+    failed = points[points["status"] == "failed"]
+    assert set(failed["draft"]) == {"close"}
+    assert failed["error"].str.startswith("ProfileError: tiny.toml: workload.max_new_tokens: 16 new tokens").all()
+    assert failed["error"].str.contains("exceed the draft close's context window of 12 tokens").all()
+    assert (points[points["draft"] != "close"]["status"] == "ok").all()
+
+
 def test_missing_cuda_is_a_clear_error(project):
     import torch
 

@@ -1,7 +1,8 @@
 """Backends: how specbench runs a point. One module per backend, each exposing `BACKEND`.
 
 - native: specbench's instrumented engine (per-step acceptance, per-position counts);
-- hf: transformers' generate (assisted generation, prompt lookup) as the reference.
+- hf: transformers' generate (assisted generation, prompt lookup) as the reference;
+- server: a serving engine (vLLM, SGLang, llama.cpp) launched or attached, measured over HTTP under load.
 
 A new backend is a module here and an entry in BACKENDS; the profile key `backend` accepts its name.
 """
@@ -15,6 +16,7 @@ from specbench.backends.base import AfterPrompt, Backend, Observer, OnRequest, S
 BACKENDS: dict[str, str] = {
     "native": "specbench.backends.native",
     "hf": "specbench.backends.hf",
+    "server": "specbench.backends.server",
 }
 
 

@@ -5,6 +5,7 @@ they hold."""
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # the profile validates backend names against this package: no import at run time
@@ -47,6 +48,17 @@ class Session(Protocol):
         an `after_prompt` that raises a BaseException (a pruned trial) stops the point."""
         ...
 
+    uses_gpu: bool  # whether other processes on the GPU can disturb its timing
+
+    def point_measurements(self) -> dict[str, Any]:
+        """Point-level figures of the last `run_point` that no request row holds (a serving engine's
+        acceptance counters and peak memory); {} for none."""
+        ...
+
+    def own_pids(self) -> list[int]:
+        """The processes whose CPU time is this run's own (the rest counts as contention)."""
+        ...
+
     def verify_costs(self, max_tokens: int) -> tuple[float, ...]:
         """The target's time in ms to verify 1..max_tokens tokens, for the analytic model; () when the
         backend cannot time it."""
@@ -68,6 +80,7 @@ class Backend(Protocol):
         key's points run together."""
         ...
 
-    def open(self, profile: Profile, *, observer: Observer) -> Session:
-        """Load or launch what the profile needs. Bad input raises a ValueError with one line."""
+    def open(self, profile: Profile, *, observer: Observer, out_dir: Path | None = None) -> Session:
+        """Load or launch what the profile needs (logs of what it launches go under `out_dir`). Bad input
+        raises a ValueError with one line."""
         ...

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from specbench.backends.base import Observer
 from specbench.backends.inprocess import GenerateOne, InProcessSession, load_models, same_launch
-from specbench.engine.hf import hf_generate
+from specbench.decoding.hf import hf_generate
 from specbench.profile import Profile
 from specbench.results import PointSpec
 
@@ -28,7 +28,7 @@ class HfBackend:
     pins_local_devices = True
     launch_key = staticmethod(same_launch)
 
-    def open(self, profile: Profile, *, observer: Observer) -> HfSession:
+    def open(self, profile: Profile, *, observer: Observer, out_dir=None) -> HfSession:
         return HfSession(load_models(profile, observer=observer))
 
 

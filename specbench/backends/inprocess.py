@@ -4,6 +4,7 @@ requests one at a time. A backend module only says how one request is generated.
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from collections.abc import Callable
@@ -17,10 +18,10 @@ import transformers
 import specbench
 from specbench import devices, results
 from specbench.backends.base import AfterPrompt, Observer, OnRequest
-from specbench.engine import Trace
+from specbench.decoding import Trace
 from specbench.errors import one_line
 from specbench.models import LoadedModel, ModelError, check_same_vocabulary, load_model
-from specbench.profile import Profile
+from specbench.profile import Profile, ProfileError
 from specbench.results import PointSpec
 from specbench.workloads import Prompt, encode_prompt, load_prompts
 
@@ -56,14 +57,39 @@ def load_models(profile: Profile, *, observer: Observer) -> LoadedModels:
                            categories=profile.workload.categories)
     observer.message(f"loading target {profile.target.model}")
     target = load_model(profile.target.model, device=device, dtype=dtype, quantize=profile.target.quantize)
-    drafts = _load_drafts(profile, target, device=device, dtype=dtype, observer=observer)
     prompt_ids = [encode_prompt(target.tokenizer, prompt) for prompt in prompts]
+    longest = max(len(ids) for ids in prompt_ids)
+    check_context_window(profile, context_window(target.model.config), longest_prompt=longest, model="the target")
+    drafts = _load_drafts(profile, target, device=device, dtype=dtype, observer=observer, longest_prompt=longest)
     return LoadedModels(profile, device, dtype, target, drafts, prompts, prompt_ids, _eos_ids(target))
 
 
-def _load_drafts(profile: Profile, target: LoadedModel, *, device, dtype, observer) -> dict[str, LoadedModel | Exception]:
+def context_window(config: Any) -> int | None:
+    """The most positions a model attends to, as its config states it (None when it does not say)."""
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        if isinstance(value := getattr(config, key, None), int) and value > 0:
+            return value
+    return None
+
+
+def check_context_window(profile: Profile, window: int | None, *, longest_prompt: int, model: str) -> None:
+    """Every prompt plus max_new_tokens must fit the model's context window: raise a one-line ProfileError
+    naming the limit, before any point runs (otherwise generation runs on, or fails, far past it)."""
+    max_new = profile.workload.max_new_tokens
+    if window is None or longest_prompt + max_new <= window:
+        return
+    where = f"{profile.source}: " if profile.source else ""
+    fix = (f"use max_new_tokens <= {window - longest_prompt}" if longest_prompt < window
+           else "drop the prompts longer than the window")
+    raise ProfileError(f"{where}workload.max_new_tokens: {max_new} new tokens after the longest prompt "
+                       f"({longest_prompt} tokens) exceed {model}'s context window of {window} tokens; {fix}")
+
+
+def _load_drafts(profile: Profile, target: LoadedModel, *, device, dtype, observer,
+                 longest_prompt: int) -> dict[str, LoadedModel | Exception]:
     """Each draft model once (shared by drafts with the same model and quantize); a draft that cannot
-    be loaded or does not share the target's vocabulary fails its own points only."""
+    be loaded, does not share the target's vocabulary or whose context window is too short fails its own
+    points only."""
     loaded: dict[tuple[str, str | None], LoadedModel | Exception] = {}
     drafts: dict[str, LoadedModel | Exception] = {}
     for draft in profile.drafts:
@@ -75,6 +101,8 @@ def _load_drafts(profile: Profile, target: LoadedModel, *, device, dtype, observ
             try:
                 model = load_model(draft.model, device=device, dtype=dtype, quantize=draft.quantize)
                 check_same_vocabulary(target.tokenizer, model.tokenizer, target_name=target.name, draft_name=draft.model)
+                check_context_window(profile, context_window(model.model.config), longest_prompt=longest_prompt,
+                                     model=f"the draft {draft.name}")
                 loaded[key] = model
             except (ModelError, OSError, ValueError, RuntimeError) as error:
                 loaded[key] = error
@@ -98,6 +126,7 @@ class InProcessSession:
         self.models = models
         self.prompts = models.prompts
         self.prompt_tokens = [len(ids) for ids in models.prompt_ids]
+        self.uses_gpu = models.device.type == "cuda"
 
     def generate_one(self, spec: PointSpec) -> GenerateOne:
         raise NotImplementedError
@@ -141,6 +170,12 @@ class InProcessSession:
                 torch.cuda.empty_cache()  # a failed point (out of memory) must not starve the next one
             raise
 
+    def own_pids(self) -> list[int]:
+        return [os.getpid()]
+
+    def point_measurements(self) -> dict[str, Any]:
+        return {}  # every figure is in the request rows
+
     def verify_costs(self, max_tokens: int) -> tuple[float, ...]:
         return ()
 
@@ -161,12 +196,18 @@ class InProcessSession:
 
 def environment(device: torch.device) -> dict[str, Any]:
     return {
-        "specbench": specbench.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-        "python": platform.python_version(), "platform": platform.platform(),
+        **environment_base(),
         "device": str(device), "device_name": devices.device_name(device),
         "accelerator": "gpu" if device.type == "cuda" else "cpu",
         "cuda": torch.version.cuda, "cpu_count": torch.get_num_threads(), "git_commit": _git_commit(),
     }
+
+
+def environment_base() -> dict[str, Any]:
+    """The software and machine specbench itself runs on (a server backend's engine reports its own)."""
+    return {"specbench": specbench.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "git_commit": _git_commit()}
 
 
 def _git_commit() -> str | None:

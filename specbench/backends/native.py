@@ -1,12 +1,12 @@
-"""The native backend: specbench's instrumented engine (`specbench.engine`), one request at a time, with
+"""The native backend: specbench's instrumented engine (`specbench.decoding`), one request at a time, with
 per-step acceptance and timings."""
 
 from __future__ import annotations
 
 from specbench.backends.base import Observer
 from specbench.backends.inprocess import GenerateOne, InProcessSession, LoadedModels, load_models, same_launch
-from specbench.engine import BaselineProposer, DraftModelProposer, NgramProposer, Proposer, generate
-from specbench.engine.costs import verify_costs_ms
+from specbench.decoding import BaselineProposer, DraftModelProposer, NgramProposer, Proposer, generate
+from specbench.decoding.costs import verify_costs_ms
 from specbench.profile import Profile
 from specbench.results import PointSpec
 
@@ -50,7 +50,7 @@ class NativeBackend:
     pins_local_devices = True
     launch_key = staticmethod(same_launch)
 
-    def open(self, profile: Profile, *, observer: Observer) -> NativeSession:
+    def open(self, profile: Profile, *, observer: Observer, out_dir=None) -> NativeSession:
         return NativeSession(load_models(profile, observer=observer))
 
 

@@ -25,8 +25,14 @@ class RunReport:
         return self.points[self.points["status"] == "failed"][["point_id", "error"]]
 
     @property
-    def mismatched(self) -> list[str]:
-        return list(self.points["point_id"][tables.status_labels(self.points) == "mismatch"])
+    def mismatched(self) -> list[dict]:
+        """Rows of points whose greedy outputs differ from the baseline's."""
+        return self.points[tables.status_labels(self.points) == "mismatch"].to_dict("records")
+
+    @property
+    def unstable(self) -> list[dict]:
+        """Rows of points measured while the machine was not quiet (their speedups are not to be trusted)."""
+        return self.points[tables.status_labels(self.points) == "unstable"].to_dict("records")
 
     @property
     def summary(self) -> str:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from specbench.report import plots, tables, trials
 from specbench.report.build import Report, RunReport
-from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line
+from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line, unstable_warning
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1200px;
@@ -23,6 +23,7 @@ th { background: #f4f4f4; }
 tr.best td { background: #e3f5e6; font-weight: bold; }
 tr.failed td { color: #999; }
 tr.mismatch td { background: #fde2e2; color: #a00; font-weight: bold; }
+tr.unstable td { background: #fff6d6; }
 .warning { background: #fde2e2; border-left: 6px solid #c00; padding: 0.6em 1em; color: #900; font-weight: bold; }
 figure { margin: 1em 0 2em; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 0.9em; }
@@ -69,8 +70,10 @@ def to_html(report: Report) -> str:
 def _run_section(run_report: RunReport) -> list[str]:
     section = [f"<h2>{escape(run_report.run.name)}</h2>",
                f'<p class="meta"><code>{escape(str(run_report.run.path))}</code>: {escape(run_report.summary)}</p>']
-    for point_id in run_report.mismatched:
-        section.append(f'<p class="warning">WARNING: {escape(mismatch_warning(point_id))}.</p>')
+    for row in run_report.mismatched:
+        section.append(f'<p class="warning">WARNING: {escape(mismatch_warning(row))}.</p>')
+    for row in run_report.unstable:
+        section.append(f'<p class="warning">{escape(unstable_warning(row))}.</p>')
     if not len(run_report.table):
         section.append("<p>No points match the filters.</p>")
     for (temperature, top_p), group in run_report.table.groupby(["temperature", "top_p"], sort=True):

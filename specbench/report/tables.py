@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from specbench import results
+from specbench import results, stats
 from specbench.report.load import ReportError
 
 LIST_COLUMNS = ("accepted_per_position", "drafted_per_position")
@@ -90,9 +90,14 @@ def sort_points(points: pd.DataFrame, column: str) -> pd.DataFrame:
 
 
 def status_labels(points: pd.DataFrame) -> pd.Series:
+    """failed, mismatch (greedy outputs differ from the baseline's), unstable (measured while other processes
+    used the machine: the speedup is not to be trusted) or ok."""
     mismatch = points["outputs_match_baseline"].astype("boolean").eq(False).fillna(False).astype(bool)
     failed = points["status"].astype("string").eq("failed").fillna(False).astype(bool)
-    return pd.Series(np.where(failed, "failed", np.where(mismatch, "mismatch", "ok")), index=points.index)
+    unstable = (points["unstable"].astype("boolean").eq(True).fillna(False).astype(bool) if "unstable" in points
+                else pd.Series(False, index=points.index))
+    labels = np.where(failed, "failed", np.where(mismatch, "mismatch", np.where(unstable, "unstable", "ok")))
+    return pd.Series(labels, index=points.index)
 
 
 def best_point_ids(points: pd.DataFrame) -> set[str]:
@@ -249,11 +254,8 @@ def pareto_front(points: pd.DataFrame) -> pd.Series:
     on_front = pd.Series(False, index=points.index)
     usable = trusted(points).dropna(subset=["tokens_per_s", "peak_memory_mb"])
     for _, group in usable.groupby(["temperature", "top_p"]):
-        best_so_far = -math.inf
-        for index, row in group.sort_values(["peak_memory_mb", "tokens_per_s"], ascending=[True, False]).iterrows():
-            if row["tokens_per_s"] > best_so_far:
-                on_front[index] = True
-                best_so_far = row["tokens_per_s"]
+        mask = stats.pareto_mask(group["tokens_per_s"].to_numpy(float), group["peak_memory_mb"].to_numpy(float))
+        on_front[group.index[mask]] = True
     return on_front
 
 

@@ -10,9 +10,9 @@ from rich.table import Table
 
 from specbench.report import tables, trials
 from specbench.report.build import Report, RunReport
-from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line
+from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line, unstable_warning
 
-STATUS_STYLE = {"failed": "red", "mismatch": "bold white on red"}
+STATUS_STYLE = {"failed": "red", "mismatch": "bold white on red", "unstable": "yellow"}
 
 
 def print_report(console: Console, report: Report) -> None:
@@ -38,8 +38,10 @@ def _print_run(console: Console, run_report: RunReport) -> None:
         console.print(_table(tables.display_points(group), title=title, row_styles=styles))
     for row in run_report.failed.to_dict("records"):
         console.print(f"[red]failed[/red] {escape(row['point_id'])}: {escape(str(row['error']))}", soft_wrap=True)
-    for point_id in run_report.mismatched:
-        console.print(f"[bold red]WARNING: {escape(mismatch_warning(point_id))}[/bold red]", soft_wrap=True)
+    for row in run_report.mismatched:
+        console.print(f"[bold red]WARNING: {escape(mismatch_warning(row))}[/bold red]", soft_wrap=True)
+    for row in run_report.unstable:
+        console.print(f"[bold yellow]{escape(unstable_warning(row))}[/bold yellow]", soft_wrap=True)
     matrix = tables.category_matrix(run_report.categories)
     if len(matrix):
         console.print(_table(display_matrix(matrix), title="speedup per workload category"))

@@ -7,13 +7,39 @@ from typing import Any
 
 import pandas as pd
 
+from specbench.contention import ADVICE
 from specbench.report import tables, trials
+from specbench.summary import NEAR_TIE_GAP
 from specbench.report.build import Report, RunReport
 
 
-def mismatch_warning(point_id: str) -> str:
-    return (f"greedy outputs differ from the baseline at {point_id}: the engine is broken for this point, "
-            "its speed means nothing")
+def mismatch_warning(row: dict) -> str:
+    """Why greedy outputs differ: a near-tie (bf16/fp16 rounding flips an argmax between a multi-token
+    verification and one-token decoding) or a real bug, told by the target's top-2 logit gap where the first
+    mismatching output diverges."""
+    fraction, position, gap = (_value(row.get(key)) for key in ("outputs_match_fraction", "first_divergence",
+                                                                  "divergence_top2_gap"))
+    matched = f" ({fraction:.0%} of requests match)" if fraction is not None else ""
+    head = f"greedy outputs differ from the baseline at {row['point_id']}{matched}"
+    if position is None:
+        return f"{head}: the decoding is broken for this point, its speed means nothing"
+    where = f"first divergence at output token {int(position)}"
+    if gap is None:
+        return f"{head}; {where}: the decoding is broken for this point, its speed means nothing"
+    if gap <= NEAR_TIE_GAP:
+        return (f"{head}; {where}, where the target's top-2 logits differ by {gap:.3g}: a near-tie that "
+                "reduced-precision verification can flip, not necessarily a bug")
+    return (f"{head}; {where}, where the target's top-2 logits differ by {gap:.3g} (not a near-tie): the "
+            "decoding is broken for this point, its speed means nothing")
+
+
+def _value(value: Any) -> Any:
+    """A cell as a value, or None where it is missing (None, NaN, NA: files written before the column)."""
+    return None if value is None or pd.isna(value) else value
+
+
+def unstable_warning(row: dict) -> str:
+    return f"unstable timing at {row['point_id']}: {row.get('unstable_reason')}; {ADVICE}"
 
 
 def options_line(report: Report) -> str:
@@ -47,14 +73,17 @@ def _run_markdown(run_report: RunReport) -> list[str]:
     for (temperature, top_p), group in run_report.table.groupby(["temperature", "top_p"], sort=True):
         display = tables.display_points(group)
         display["point"] = [f"**{p}** (best)" if best else p for p, best in zip(display["point"], group["best"])]
-        display["status"] = display["status"].replace({"mismatch": "**MISMATCH**", "failed": "**failed**"})
+        display["status"] = display["status"].replace({"mismatch": "**MISMATCH**", "failed": "**failed**",
+                                                       "unstable": "**unstable**"})
         lines += [f"### {tables.group_title(temperature, top_p)}", ""] + markdown_table(display) + [""]
     if len(run_report.failed):
         lines += ["Failed points:", ""]
         lines += [f"- `{row['point_id']}`: {_cell(str(row['error']))}" for row in run_report.failed.to_dict("records")]
         lines += [""]
-    for point_id in run_report.mismatched:
-        lines += [f"> **WARNING: {mismatch_warning(point_id)}.**", ""]
+    for row in run_report.mismatched:
+        lines += [f"> **WARNING: {mismatch_warning(row)}.**", ""]
+    for row in run_report.unstable:
+        lines += [f"> **{unstable_warning(row)}.**", ""]
     matrix = tables.category_matrix(run_report.categories)
     if len(matrix):
         lines += ["### Speedup per workload category", ""]
@@ -120,7 +149,9 @@ def to_json(report: Report) -> str:
         "sort": report.sort,
         "filters": [f"{f.key}={f.value}" for f in report.filters],
         "runs": [{"run": r.run.name, "path": str(r.run.path), "summary": r.summary,
-                  "mismatched": r.mismatched} for r in report.runs],
+                  "mismatched": [row["point_id"] for row in r.mismatched],
+                  "warnings": [mismatch_warning(row) for row in r.mismatched]
+                  + [unstable_warning(row) for row in r.unstable]} for r in report.runs],
         "points": _records(report.points_table()),
         "category_speedups": _records(pd.concat(
             [r.categories.assign(run=r.run.name) for r in report.runs], ignore_index=True)),

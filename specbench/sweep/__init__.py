@@ -8,7 +8,7 @@ from pathlib import Path
 from specbench.profile import Profile
 from specbench.results import default_out_dir
 from specbench.sweep.files import ResumeError, RunFiles
-from specbench.sweep.loop import RunResult, SilentObserver, SweepObserver, evaluate_point, run_sweep
+from specbench.sweep.loop import PointRun, RunResult, SilentObserver, SweepObserver, evaluate_point, run_sweep
 
 
 def run_profile(profile: Profile, *, out: Path | None = None, fresh: bool = False, storage: str | None = None,
@@ -24,5 +24,5 @@ def run_profile(profile: Profile, *, out: Path | None = None, fresh: bool = Fals
                     observer=observer)
 
 
-__all__ = ["ResumeError", "RunFiles", "RunResult", "SilentObserver", "SweepObserver", "evaluate_point",
+__all__ = ["PointRun", "ResumeError", "RunFiles", "RunResult", "SilentObserver", "SweepObserver", "evaluate_point",
            "run_profile", "run_sweep"]

@@ -3,7 +3,8 @@ recorded measurements can be reused."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from specbench.backends import Backend, Observer, Session, get_backend
@@ -21,17 +22,18 @@ class RunContext:
 
     def point_key(self, spec: PointSpec) -> str:
         """What makes a point's measurements reusable: the run's configuration, the point, its draft's identity."""
-        return stable_hash({"run": self.run_key, "point": asdict(spec), "draft_identity": self.session.draft_identity(spec)})
+        return stable_hash({"run": self.run_key, "point": spec.identity(),
+                            "draft_identity": self.session.draft_identity(spec)})
 
     def point_context(self, spec: PointSpec) -> dict[str, Any]:
         """The point's constant columns in points.parquet."""
         return {**self.session.point_context(spec), "point_key": self.point_key(spec)}
 
 
-def open_run(profile: Profile, *, observer: Observer) -> RunContext:
+def open_run(profile: Profile, *, observer: Observer, out_dir: Path | None = None) -> RunContext:
     """Open the profile's backend session (load the models, or launch what it needs) and key the run."""
     backend = get_backend(profile.backend)
-    session = backend.open(profile, observer=observer)
+    session = backend.open(profile, observer=observer, out_dir=out_dir)
     run_key = stable_hash({
         **session.identity, "workload": workload_fingerprint(session.prompts),
         "max_new_tokens": profile.workload.max_new_tokens, "run": profile.run.model_dump(),

@@ -13,18 +13,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 import specbench
-from specbench import results
+from specbench import results, summary
+from specbench.contention import ADVICE
 from specbench.profile import dump_profile
 from specbench.results import PointSpec
 from specbench.sweep.context import RunContext
+
+if TYPE_CHECKING:
+    from specbench.sweep.loop import PointRun
 from specbench.workloads import workload_fingerprint
 
-CONTEXT_COLUMNS = ("backend", "target_model", "weight_mb", "point_key")  # a point's constant columns
+# a point's constant columns: what ran it, how quiet the machine was meanwhile, and what a serving engine
+# counted over the point (acceptance, peak memory)
+CONTEXT_COLUMNS = ("backend", "target_model", "weight_mb", "point_key", "other_cpu_share", "gpu_other_processes",
+                   "acceptance_source", "engine_drafts", "engine_draft_tokens", "engine_accepted_tokens",
+                   "engine_accepted_per_position", "server_peak_rss_mb")
 
 
 class ResumeError(ValueError):
@@ -73,13 +81,14 @@ class RunFiles:
         done = points[(points["point_id"] == spec.point_id) & (points["status"] == "ok") & (points["point_key"] == key)]
         return requests[requests["point_key"] == key].reset_index(drop=True) if len(done) else None
 
-    def record(self, spec: PointSpec | None, ctx: RunContext, rows: list[dict[str, Any]], *, error: str | None = None,
+    def record(self, spec: PointSpec | None, ctx: RunContext, run: PointRun | None = None, *,
                order: list[PointSpec] = ()) -> pd.DataFrame:
         """Add one point (its rows, or its failure) to the files, replacing an earlier record of it;
         points are listed in `order` first. Returns the points table as written."""
         with self.lock():
             specs, requests, failures, context = self._load()
-            if spec is not None:
+            if spec is not None and run is not None:
+                rows, error = run.rows, run.error
                 if len(requests):
                     requests = requests[requests["point_id"] != spec.point_id]
                 failures.pop(spec.point_id, None)
@@ -87,18 +96,24 @@ class RunFiles:
                     failures[spec.point_id] = error
                 if rows:
                     requests = pd.concat([requests, pd.DataFrame(rows)], ignore_index=True) if len(requests) else pd.DataFrame(rows)
-                context[spec.point_id] = ctx.point_context(spec)
+                context[spec.point_id] = {**ctx.point_context(spec), **run.conditions}
                 specs = [s for s in specs if s.point_id != spec.point_id] + [spec]
             ordered = [s for s in order if s.point_id in {x.point_id for x in specs}]
             specs = ordered + [s for s in specs if s.point_id not in {x.point_id for x in ordered}]
             return _write(self.out_dir, specs, requests.reset_index(drop=True), failures, context)
 
-    def finish(self, points: pd.DataFrame) -> dict[str, Any]:
-        """Mark the manifest finished; returns it."""
+    def finish(self, points: pd.DataFrame, ctx: RunContext | None = None) -> dict[str, Any]:
+        """Mark the manifest finished (with what a server backend launched meanwhile); returns it."""
         with self.lock():
             data = json.loads(self.manifest_path.read_text())
+            launched = ctx.session.describe().get("server") if ctx is not None else None
+            if launched is not None:
+                previous = (data.get("server") or {}).get("launches", [])
+                data["server"] = {**launched, "launches": previous + [
+                    launch for launch in launched["launches"] if launch not in previous]}
             data["finished_at"] = _now()
             data["status"] = "failed points" if (points["status"] == "failed").any() else "complete"
+            data["conditions"] = conditions(points)
             results.write_json_atomic(data, self.manifest_path)
         return data
 
@@ -121,7 +136,7 @@ class RunFiles:
 
 
 def _contexts(points: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    return {row["point_id"]: {name: results.plain(row[name]) for name in CONTEXT_COLUMNS}
+    return {row["point_id"]: {name: results.plain(row.get(name)) for name in CONTEXT_COLUMNS}
             for row in points.to_dict("records")}
 
 
@@ -159,9 +174,18 @@ def _write(out_dir: Path, specs: list[PointSpec], requests: pd.DataFrame, failur
     """requests first, then points: a point counts as done only once both hold it."""
     if len(requests):
         results.write_parquet_atomic(requests, out_dir / results.REQUESTS_FILE)
-    points = results.summarize(specs, requests, failures=failures, context=context)
+    points = summary.summarize(specs, requests, failures=failures, context=context)
     results.write_parquet_atomic(points, out_dir / results.POINTS_FILE)
     return points
+
+
+def conditions(points: pd.DataFrame) -> dict[str, Any]:
+    """For the manifest: how quiet the machine was over the run, and which points cannot be trusted."""
+    unstable = points[points["unstable"].eq(True).fillna(False)] if "unstable" in points else points.iloc[:0]
+    share = points["other_cpu_share"].max() if "other_cpu_share" in points and len(points) else None
+    return {"max_other_cpu_share": results.plain(share), "unstable_points": {
+        row["point_id"]: row["unstable_reason"] for row in unstable.to_dict("records")},
+        "advice": ADVICE if len(unstable) else None}
 
 
 def _now() -> str:
@@ -187,6 +211,7 @@ def manifest(ctx: RunContext, *, started: str) -> dict[str, Any]:
                      "prompt_ids": [p.prompt_id for p in ctx.session.prompts],
                      "prompt_tokens": list(ctx.session.prompt_tokens)},
         "environment": described["environment"],
+        **({"server": described["server"]} if "server" in described else {}),
         "started_at": started,
         "finished_at": None,
         "status": "running",

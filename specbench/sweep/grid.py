@@ -28,7 +28,9 @@ from specbench.profile import Profile
 from specbench.results import PointSpec, stable_hash
 from specbench.sweep.context import RunContext, open_run
 from specbench.sweep.files import RunFiles
-from specbench.sweep.loop import RunResult, SilentObserver, SweepObserver, evaluate_point, n_requests, planned_points
+from specbench.sweep.loop import (
+    PointRun, RunResult, SilentObserver, SweepObserver, evaluate_point, n_requests, planned_points,
+)
 from specbench.scaleout.claims import claims, verdict
 from specbench.scaleout.liveness import (
     Heartbeat, asked, fail_stale_trials, new_worker_id, others_running, release, wait_for_others,
@@ -80,7 +82,7 @@ def work(plan: GridPlan, *, observer: SweepObserver) -> RunResult:
     """One worker: claim and run points until every planned point is claimed and no other worker's point is
     still running (a point whose worker dies is taken up)."""
     quiet_optuna()
-    ctx = open_run(plan.profile, observer=observer)
+    ctx = open_run(plan.profile, observer=observer, out_dir=plan.out_dir)
     try:
         return _work(plan, ctx, observer=observer)
     finally:
@@ -118,8 +120,8 @@ def _work(plan: GridPlan, ctx: RunContext, *, observer: SweepObserver) -> RunRes
             observer.point_finished(spec, row)
 
     _keep_failures(study, files, ctx, by_id, planned)
-    points = files.record(None, ctx, [], order=planned)
-    manifest = files.finish(points)
+    points = files.record(None, ctx, order=planned)
+    manifest = files.finish(points, ctx)
     _, requests = files.read()
     return RunResult(plan.out_dir, points, requests, manifest, ran)
 
@@ -131,13 +133,13 @@ def _run_claimed(study: optuna.Study, trial: optuna.Trial, spec: PointSpec, ctx:
         done = files.recorded(spec, ctx) is not None
     if done:  # by an earlier run into this folder
         trial.set_user_attr("resumed", True)
-        study.tell(trial, _value(_row(files.record(None, ctx, [], order=planned), spec)))
+        study.tell(trial, _value(_row(files.record(None, ctx, order=planned), spec)))
         return None
     observer.point_started(spec, n_requests(ctx))
-    rows, error = evaluate_point(spec, ctx, observer=observer)
-    row = _row(files.record(spec, ctx, rows, error=error, order=planned), spec)
-    if error is not None:
-        trial.set_user_attr("error", error)  # a failed point keeps its claim: it is not rerun
+    run = evaluate_point(spec, ctx, observer=observer)
+    row = _row(files.record(spec, ctx, run, order=planned), spec)
+    if run.error is not None:
+        trial.set_user_attr("error", run.error)  # a failed point keeps its claim: it is not rerun
         study.tell(trial, state=TrialState.FAIL)
     else:
         study.tell(trial, _value(row))
@@ -191,7 +193,7 @@ def _keep_failures(study: optuna.Study, files: RunFiles, ctx: RunContext, by_id:
     for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
         point_id = trial.params.get(PARAM)
         if "error" in trial.user_attrs and point_id in by_id and point_id not in listed:
-            files.record(by_id[point_id], ctx, [], error=trial.user_attrs["error"], order=planned)
+            files.record(by_id[point_id], ctx, PointRun([], trial.user_attrs["error"], {}), order=planned)
 
 
 def _row(points, spec: PointSpec) -> dict:

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from specbench.backends import AfterPrompt
+from specbench.contention import ConditionsProbe
 from specbench.errors import one_line
 from specbench.profile import Profile
 from specbench.results import PointSpec
@@ -58,7 +59,7 @@ def planned_points(ctx: RunContext) -> list[PointSpec]:
 def run_sweep(profile: Profile, *, out_dir: Path, fresh: bool = False, observer: SweepObserver | None = None) -> RunResult:
     """Run (or resume) every point of `profile` into `out_dir`."""
     observer = observer or SilentObserver()
-    ctx = open_run(profile, observer=observer)
+    ctx = open_run(profile, observer=observer, out_dir=out_dir)
     try:
         planned = planned_points(ctx)
         files = RunFiles(out_dir)
@@ -70,13 +71,12 @@ def run_sweep(profile: Profile, *, out_dir: Path, fresh: bool = False, observer:
         ran: list[str] = []
         for spec in to_run:
             observer.point_started(spec, n_requests(ctx))
-            rows, error = evaluate_point(spec, ctx, observer=observer)
-            points = files.record(spec, ctx, rows, error=error, order=planned)
+            points = files.record(spec, ctx, evaluate_point(spec, ctx, observer=observer), order=planned)
             ran.append(spec.point_id)
             observer.point_finished(spec, points[points["point_id"] == spec.point_id].iloc[0].to_dict())
 
-        points = files.record(None, ctx, [], order=planned)
-        manifest = files.finish(points)
+        points = files.record(None, ctx, order=planned)
+        manifest = files.finish(points, ctx)
     finally:
         ctx.session.close()
     _, requests = files.read()
@@ -87,15 +87,26 @@ def n_requests(ctx: RunContext) -> int:
     return len(ctx.session.prompts) * ctx.profile.run.repeats
 
 
+@dataclass(frozen=True)
+class PointRun:
+    rows: list[dict[str, Any]]  # one per request; none when the point failed
+    error: str | None  # the one-line reason it failed
+    conditions: dict[str, Any]  # how quiet the machine was (contention.Conditions), the engine's counters
+
+
 def evaluate_point(spec: PointSpec, ctx: RunContext, *, observer: SweepObserver | None = None,
-                   after_prompt: AfterPrompt | None = None) -> tuple[list[dict[str, Any]], str | None]:
-    """Run one point: its request rows, or no rows and the one-line reason it failed. `after_prompt`
-    sees the rows so far after each prompt's repeats; an exception it raises that is not an
-    `Exception` (a pruned trial, an interrupt) stops the point and propagates."""
+                   after_prompt: AfterPrompt | None = None) -> PointRun:
+    """Run one point: its request rows, or no rows and the one-line reason it failed, and how much other
+    processes used the machine meanwhile. `after_prompt` sees the rows so far after each prompt's repeats;
+    an exception it raises that is not an `Exception` (a pruned trial, an interrupt) stops the point and
+    propagates."""
     observer = observer or SilentObserver()
-    try:
-        rows = ctx.session.run_point(spec, point_key=ctx.point_key(spec), on_request=lambda: observer.request_done(spec),
-                                     after_prompt=after_prompt)
-        return rows, None
-    except Exception as error:  # noqa: BLE001 - a failed point is data, not a crash
-        return [], one_line(error)
+    rows, error = [], None
+    with ConditionsProbe(ctx.session.own_pids, gpu=ctx.session.uses_gpu) as probe:
+        try:
+            rows = ctx.session.run_point(spec, point_key=ctx.point_key(spec),
+                                         on_request=lambda: observer.request_done(spec), after_prompt=after_prompt)
+        except Exception as failure:  # noqa: BLE001 - a failed point is data, not a crash
+            error = one_line(failure)
+    measured = ctx.session.point_measurements() if error is None else {}
+    return PointRun(rows, error, {**probe.conditions.as_dict(), **measured})

@@ -15,21 +15,23 @@ def temperature_groups(profile: Profile) -> list[tuple[float, float]]:
 
 
 def plan_points(profile: Profile, *, launch_key: Callable[[PointSpec], Hashable] | None = None) -> list[PointSpec]:
-    """Per (temperature, top_p): the baseline first, then every draft x gamma. With a backend's `launch_key`,
+    """Per (temperature, top_p) and concurrency: the baseline first, then every draft x gamma. With a backend's `launch_key`,
     points that need the same launch are moved together (stable, in order of first appearance), so that each
     launch happens once."""
     points: list[PointSpec] = []
     for temperature, top_p in temperature_groups(profile):
-        points.append(PointSpec.baseline(temperature, top_p))
-        for draft in profile.drafts:
-            for gamma in profile.sweep.gamma:
-                points.append(PointSpec(
-                    point_id=point_id(draft.name, gamma, temperature, top_p), method=draft.method,
-                    draft=draft.name, gamma=gamma, temperature=temperature, top_p=top_p,
-                    draft_model=draft.model, draft_quantize=draft.quantize,
-                    ngram_min=draft.ngram_min if draft.method == "ngram" else None,
-                    ngram_max=draft.ngram_max if draft.method == "ngram" else None,
-                ))
+        for concurrency in profile.sweep.concurrency:
+            points.append(PointSpec.baseline(temperature, top_p, concurrency=concurrency))
+            for draft in profile.drafts:
+                for gamma in profile.sweep.gamma:
+                    points.append(PointSpec(
+                        point_id=point_id(draft.name, gamma, temperature, top_p, concurrency=concurrency),
+                        method=draft.method, draft=draft.name, gamma=gamma, temperature=temperature, top_p=top_p,
+                        draft_model=draft.model, draft_quantize=draft.quantize,
+                        ngram_min=draft.ngram_min if draft.method == "ngram" else None,
+                        ngram_max=draft.ngram_max if draft.method == "ngram" else None,
+                        concurrency=concurrency,
+                    ))
     return points if launch_key is None else order_by_launch(points, launch_key)
 
 

@@ -64,12 +64,12 @@ class Live:
             with self.files.lock():  # never read a parquet file while another process replaces it
                 rows = self.files.recorded(spec, self.ctx)
             if rows is None:
-                new_rows, error = evaluate_point(spec, self.ctx)
-                self.files.record(spec, self.ctx, new_rows, error=error)
-                if error is not None:
-                    raise TuneError(f"the baseline {spec.point_id} failed: {error}; every trial's speedup needs "
+                run = evaluate_point(spec, self.ctx)
+                self.files.record(spec, self.ctx, run)
+                if run.error is not None:
+                    raise TuneError(f"the baseline {spec.point_id} failed: {run.error}; every trial's speedup needs "
                                     "it: fix the target or the workload and rerun (finished trials are kept)")
-                rows = pd.DataFrame(new_rows)
+                rows = pd.DataFrame(run.rows)
         return spec, rows
 
     def run(self, spec: PointSpec, after_batch: AfterBatch) -> Outcome:
@@ -77,9 +77,9 @@ class Live:
             recorded = self.files.recorded(spec, self.ctx)
         if recorded is not None:
             return Outcome(recorded, None, evaluated=False)
-        rows, error = evaluate_point(spec, self.ctx, after_prompt=lambda so_far: after_batch(pd.DataFrame(so_far)))
-        self.files.record(spec, self.ctx, rows, error=error)
-        return Outcome(pd.DataFrame(rows), error, evaluated=True)
+        run = evaluate_point(spec, self.ctx, after_prompt=lambda so_far: after_batch(pd.DataFrame(so_far)))
+        self.files.record(spec, self.ctx, run)
+        return Outcome(pd.DataFrame(run.rows), run.error, evaluated=True)
 
     def context(self, spec: PointSpec) -> dict[str, Any]:
         return self.ctx.point_context(spec)
@@ -129,7 +129,7 @@ class Replay:
 
     def context(self, spec: PointSpec) -> dict[str, Any]:
         row = self._point(spec)
-        return {name: row[name] for name in CONTEXT_COLUMNS} if row is not None else {}
+        return {name: row.get(name) for name in CONTEXT_COLUMNS} if row is not None else {}
 
     def _point(self, spec: PointSpec) -> dict[str, Any] | None:
         match = self.points[

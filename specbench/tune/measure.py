@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specbench import results
+from specbench import results, summary
 from specbench.results import PointSpec
 from specbench.tune.space import Objective
 
@@ -52,7 +52,7 @@ def measure(spec: PointSpec, rows: pd.DataFrame, *, baseline: PointSpec, baselin
 def _row(spec: PointSpec, rows: pd.DataFrame, baseline: PointSpec, baseline_rows: pd.DataFrame,
          context: dict[str, Any]) -> dict[str, Any]:
     both = pd.concat([baseline_rows, rows], ignore_index=True)
-    points = results.summarize([baseline, spec], both, failures={}, context={spec.point_id: context})
+    points = summary.summarize([baseline, spec], both, failures={}, context={spec.point_id: context})
     row = points[points["point_id"] == spec.point_id].iloc[0].to_dict()
     return {key: plain(value) for key, value in row.items()}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from specbench import stats
 from specbench.models import builtin_gguf_path, builtin_model, builtin_name, is_builtin
 from specbench.tune.space import Objective
 
@@ -32,12 +33,9 @@ def choose(rows: list[dict[str, Any]], *, objective: Objective, tolerance: float
 
 
 def pareto_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Trials no other trial beats on both throughput (higher) and peak memory (lower)."""
-    def dominates(a, b):
-        return (a["values"][0] >= b["values"][0] and a["values"][1] <= b["values"][1]
-                and (a["values"][0] > b["values"][0] or a["values"][1] < b["values"][1]))
-    front = [r for r in rows if not any(dominates(o, r) for o in rows)]
-    return sorted(front, key=lambda r: -r["values"][0])
+    """Trials no other trial beats on both throughput (higher) and peak memory (lower), fastest first."""
+    mask = stats.pareto_mask([r["values"][0] for r in rows], [r["values"][1] for r in rows])
+    return sorted((r for r, on_front in zip(rows, mask) if on_front), key=lambda r: -r["values"][0])
 
 
 def engine_settings(row: dict[str, Any] | None, *, target: str, temperature: float, top_p: float) -> dict[str, Any]:

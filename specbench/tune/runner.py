@@ -82,7 +82,7 @@ def work(plan: Plan, *, worker_index: int, observer: TuneObserver) -> None:
 def _evaluator(plan: Plan, observer: TuneObserver) -> Evaluator:
     if plan.replay is not None:
         return Replay(plan.replay)
-    ctx = open_run(plan.profile, observer=observer)
+    ctx = open_run(plan.profile, observer=observer, out_dir=plan.out_dir)
     files = RunFiles(plan.out_dir)
     files.open(ctx, [], fresh=False)
     return Live(ctx, files)

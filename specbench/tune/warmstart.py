@@ -1,16 +1,18 @@
-"""The analytic warm start: one calibration point per draft at the largest gamma measures how often
-each draft position is accepted and what drafting and verifying cost; from these the speedup of every
-smaller gamma is predicted, and the best predictions are tried first.
+"""The analytic warm start: one calibration point per draft at the largest gamma measures how many tokens
+each step drafted and accepted at each draft position and what drafting and verifying cost; from these
+the speedup of every smaller gamma is predicted (`stats.StepModel`), and the best predictions are tried
+first.
 
-Leviathan et al. (2023) predict E[tokens per step] = (1 - a^(g+1)) / (1 - a) from one acceptance rate a.
-Measured per-position acceptance refines it: E = 1 + sum_{i<g} P(drafted tokens 0..i all accepted),
-which is the same number when acceptance is geometric. The step's cost is the draft time of the tokens
-drafted plus the time of verifying them and the bonus token, relative to the baseline's time per token.
-The verify time of k tokens is the baseline's one-token step times the ratio a timing of the target's
-forward pass at k = 1..g_max + 1 measured (specbench.engine.costs: not linear in k on a CPU), weighted
-by how many tokens the draft proposed per step (n-grams often propose fewer than gamma, or none).
-Without that timing (a replay) it is interpolated linearly between the baseline's one-token step and
-the calibration's measured step.
+At a smaller gamma' a step drafts min(drafted, gamma') tokens and keeps the same accepted prefix, so
+E[tokens per step] = 1 + sum_{k<gamma'} P(drafted tokens 0..k accepted), which is Leviathan et al.'s
+(1 - a^(g+1)) / (1 - a) when every step drafts gamma tokens and acceptance is geometric. The step's cost
+is the draft time of the tokens drafted plus the time of verifying them and the bonus token, relative to
+the baseline's time per token; a request adds its prefill (TTFT: the target's and the draft's, the same
+at every gamma) to its decode steps. The verify time of k tokens is the baseline's one-token step times
+the ratio a timing of the target's forward pass at k = 1..g_max + 1 measured (specbench.decoding.costs: not
+linear in k on a CPU), weighted by how many tokens the draft proposed per step (n-grams often propose
+fewer than gamma, or none). Without that timing (a replay) it is interpolated linearly in gamma between
+the baseline's one-token step and the calibration's measured step.
 """
 
 from __future__ import annotations
@@ -20,16 +22,24 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from specbench.stats import Prediction, StepModel
+
 
 @dataclass(frozen=True)
 class Calibration:
+    """Plain data (stored in an Optuna user attr): the calibration point's step model and costs."""
+
     gamma: int  # the gamma it was measured at (the space's largest)
-    accepted_per_step: tuple[float, ...]  # [gamma]: P(position i accepted) = accepted_per_position[i] / steps
-    drafted_per_step: tuple[float, ...]  # [gamma]: drafted_per_position[i] / steps (< 1 when n-grams miss)
+    accepted_per_step: tuple[float, ...]  # [gamma]: P(positions 0..i accepted) = accepted_per_position[i] / steps
+    drafted_per_step: tuple[float, ...]  # [gamma]: P(at least i + 1 drafted) = drafted_per_position[i] / steps
     draft_ms_per_token: float
-    verify_ms_per_step: float  # verifying gamma + 1 tokens
+    verify_ms_per_step: float  # the measured mean verification (a step's drafted tokens + 1)
     target_ms_per_token: float  # the baseline's time per step (one token)
     verify_ms_by_tokens: tuple[float, ...] = ()  # [k - 1]: a forward pass of k tokens, k = 1..gamma + 1
+    # per request (0 in calibrations stored before they were recorded: the decode steps alone are predicted)
+    decode_tokens: float = 0.0  # output tokens after the prefill's first one
+    ttft_ms: float = 0.0  # the point's prefill (target and draft) and first token
+    baseline_ttft_ms: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -40,6 +50,11 @@ class Calibration:
                       "drafted_per_step": tuple(data["drafted_per_step"]),
                       "verify_ms_by_tokens": tuple(data.get("verify_ms_by_tokens") or ())})
 
+    def step_model(self, gamma: int | None = None) -> StepModel:
+        """What a step drafts and accepts at `gamma` (default: the calibrated gamma)."""
+        model = StepModel(self.drafted_per_step, self.accepted_per_step)
+        return model if gamma is None else model.at_gamma(gamma)
+
 
 def calibrate(rows: pd.DataFrame, baseline_rows: pd.DataFrame, *, gamma: int,
               verify_ms_by_tokens: tuple[float, ...] = ()) -> Calibration | None:
@@ -48,31 +63,34 @@ def calibrate(rows: pd.DataFrame, baseline_rows: pd.DataFrame, *, gamma: int,
     steps = rows["target_steps"].sum()
     if not steps or rows["drafted_tokens"].isna().any() or rows["verify_ms"].isna().any():
         return None
-    accepted = _sum_lists(rows["accepted_per_position"], gamma)
-    drafted = _sum_lists(rows["drafted_per_position"], gamma)
+    model = StepModel.from_counts(steps=int(steps),
+                                  drafted_per_position=_sum_lists(rows["drafted_per_position"], gamma),
+                                  accepted_per_position=_sum_lists(rows["accepted_per_position"], gamma))
     drafted_tokens = rows["drafted_tokens"].sum()
     return Calibration(
         gamma=gamma,
-        accepted_per_step=tuple(float(a) / steps for a in accepted),
-        drafted_per_step=tuple(float(d) / steps for d in drafted),
+        accepted_per_step=model.accepted_through,
+        drafted_per_step=model.drafted_at_least,
         draft_ms_per_token=float(rows["draft_ms"].sum() / drafted_tokens) if drafted_tokens else 0.0,
         verify_ms_per_step=float(rows["verify_ms"].sum() / steps),
         target_ms_per_token=float(baseline_rows["verify_ms"].sum() / baseline_rows["target_steps"].sum()),
         verify_ms_by_tokens=tuple(float(v) for v in verify_ms_by_tokens),
+        decode_tokens=float(rows["decode_tokens"].mean()),
+        ttft_ms=float(rows["ttft_ms"].mean()),
+        baseline_ttft_ms=float(baseline_rows["ttft_ms"].mean()),
     )
 
 
-def expected_tokens_per_step(calibration: Calibration, gamma: int) -> float:
-    """1 (the bonus or correction token) + the expected accepted drafted tokens at speculation length gamma."""
-    return 1.0 + sum(calibration.accepted_per_step[:gamma])
+def predict(calibration: Calibration, gamma: int) -> Prediction:
+    """The analytic model at speculation length gamma (1..the calibrated gamma)."""
+    return Prediction(calibration.step_model(gamma), draft_ms_per_token=calibration.draft_ms_per_token,
+                      verify_ms_per_step=verify_ms(calibration, gamma),
+                      target_ms_per_token=calibration.target_ms_per_token, decode_tokens=calibration.decode_tokens,
+                      ttft_ms=calibration.ttft_ms, baseline_ttft_ms=calibration.baseline_ttft_ms)
 
 
 def predicted_speedup(calibration: Calibration, gamma: int) -> float:
-    if not 1 <= gamma <= calibration.gamma:
-        raise ValueError(f"gamma {gamma} is outside the calibrated 1..{calibration.gamma}")
-    one = calibration.target_ms_per_token
-    draft_ms = calibration.draft_ms_per_token * sum(calibration.drafted_per_step[:gamma])
-    return expected_tokens_per_step(calibration, gamma) / ((draft_ms + verify_ms(calibration, gamma)) / one)
+    return predict(calibration, gamma).speedup
 
 
 def verify_ms(calibration: Calibration, gamma: int) -> float:
@@ -81,11 +99,7 @@ def verify_ms(calibration: Calibration, gamma: int) -> float:
     curve = calibration.verify_ms_by_tokens
     if len(curve) < gamma + 1:  # not timed (a replay): linear between 1 and gamma_max + 1 tokens
         return one + (calibration.verify_ms_per_step - one) * gamma / calibration.gamma
-    # P(k tokens drafted) at gamma, from P(at least i + 1 drafted) = drafted_per_step[i]; k = gamma when
-    # the draft had more to offer
-    at_least = [1.0, *calibration.drafted_per_step[:gamma], 0.0]
-    share = [max(at_least[k] - at_least[k + 1], 0.0) for k in range(gamma)] + [at_least[gamma]]
-    return one * sum(p * curve[k] / curve[0] for k, p in enumerate(share)) / (sum(share) or 1.0)
+    return one * calibration.step_model(gamma).verify_ms(curve) / curve[0]
 
 
 def _sum_lists(column: pd.Series, width: int) -> np.ndarray:

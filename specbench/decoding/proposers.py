@@ -8,8 +8,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from specbench.engine import kv
-from specbench.engine.sampling import Sampler
+from specbench.decoding import kv
+from specbench.decoding.sampling import Sampler
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Proposer(Protocol):
 
 
 class BaselineProposer:
-    """Proposes nothing: the engine then decodes one token per target step (autoregressive)."""
+    """Proposes nothing: the decoder then decodes one token per target step (autoregressive)."""
 
     method = "baseline"
 

@@ -18,7 +18,7 @@ import torch
 from transformers import GenerationConfig
 
 from specbench.devices import Clock, PeakMemory
-from specbench.engine.trace import StepRecord, Trace
+from specbench.decoding.trace import StepRecord, Trace
 
 
 class _TimingStreamer:

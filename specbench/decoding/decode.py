@@ -1,4 +1,4 @@
-"""The native engine: speculative decoding of one request, every step measured."""
+"""The native decoder: speculative decoding of one request, every step measured."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from specbench.devices import Clock, PeakMemory
-from specbench.engine import kv
-from specbench.engine.proposers import BaselineProposer, Proposer
-from specbench.engine.sampling import Sampler, top2_gap, verify_greedy, verify_sampling
-from specbench.engine.trace import StepRecord, Trace
+from specbench.decoding import kv
+from specbench.decoding.proposers import BaselineProposer, Proposer
+from specbench.decoding.sampling import Sampler, top2_gap, verify_greedy, verify_sampling
+from specbench.decoding.trace import StepRecord, Trace
 
 
 @dataclass(frozen=True)

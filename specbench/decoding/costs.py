@@ -13,7 +13,7 @@ import statistics
 import torch
 
 from specbench.devices import Clock
-from specbench.engine import kv
+from specbench.decoding import kv
 
 
 def verify_costs_ms(model: torch.nn.Module, *, max_tokens: int, context_tokens: int, repeats: int = 5,

@@ -1,0 +1,287 @@
+"""The server backend: specbench launches the serving engine a team deploys (vLLM, SGLang, llama.cpp) — or
+attaches to one already running — and measures it over HTTP at the profile's concurrency levels.
+
+A launch fixes method, draft and gamma; temperature, top_p and concurrency are per request, so one launch
+serves all their points (the run orders points by `launch_key`). The baseline is the same engine launched
+without speculation. Acceptance comes from the engine (its /metrics counters, else per-response counts),
+and the point says which."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from specbench.backends.base import AfterPrompt, Observer, OnRequest
+from specbench.backends.server import client
+from specbench.backends.server.measure import measure_point
+from specbench.backends.server.process import HOST, ServerFailed, ServerProcess, free_port
+from specbench.engines import ENGINES, EngineError, ServingEngine, Speculation
+from specbench.models import hf_folder, load_tokenizer, resolve_model
+from specbench.profile import Profile, ProfileError
+from specbench.results import PointSpec
+from specbench.workloads import encode_prompt, load_prompts
+
+
+def launch_key(spec: PointSpec) -> tuple:
+    """What a launch fixes; the baseline launches without speculation."""
+    if spec.method == "baseline":
+        return ("baseline",)
+    return (spec.method, spec.draft, spec.draft_model, spec.gamma, spec.ngram_min, spec.ngram_max)
+
+
+class ServerSession:
+    backend = "server"
+    uses_gpu = False  # the engine's own GPU use is measured by nvidia-smi beside its peak memory
+
+    def __init__(self, profile: Profile, *, observer: Observer):
+        self.profile = profile
+        self.observer = observer
+        self.settings = profile.server
+        self.attached = self.settings.url is not None
+        self.engine: ServingEngine | None = ENGINES.get(self.settings.engine)
+        self.api_key = _api_key(profile)
+        where = f"{profile.source}: " if profile.source else ""
+        if self.attached and profile.drafts:
+            raise ProfileError(f"{where}drafts: with server.url nothing is launched, so drafts cannot be swept "
+                               "(remove the [[drafts]] tables, or drop url to let specbench launch the engine)")
+        if not self.attached:
+            self._check_methods(where)
+            self.binary = _find_binary(self.engine, self.settings, where)
+            self.help_text = _help_text(self.binary, self.engine, self.settings)
+        self.prompts = load_prompts(profile.workload.prompts, max_prompts=profile.workload.max_prompts,
+                                    categories=profile.workload.categories)
+        observer.message(f"loading the tokenizer of {profile.target.model}")
+        self.tokenizer, self.target_identity = load_tokenizer(profile.target.model)
+        self.prompt_tokens = [len(encode_prompt(self.tokenizer, prompt)) for prompt in self.prompts]
+        self.log_dir: Path | None = None  # set by the run: server logs go to its output folder
+        self.server: ServerProcess | None = None
+        self._launched: tuple | None = None
+        self.launches: list[dict[str, Any]] = []  # argv and log file of every launch, for the manifest
+        self.url = self.settings.url.rstrip("/") if self.attached else None
+        self.model_name = self.settings.model
+        self._last: dict[str, Any] = {}
+        if self.attached:
+            try:
+                self.model_name = self.model_name or _first_model(self.url, self.api_key)
+            except ServerFailed as error:
+                raise ProfileError(f"{where}server.url: {self.url} does not answer ({error}); start the server "
+                                   "or fix the url") from None
+
+    # --- identity -----------------------------------------------------------------------------
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return {"target": [self.target_identity, None], "backend": "server", "engine": self.settings.engine,
+                "engine_version": self._engine_version(), "attached": self.settings.url,
+                "command": list(self.settings.command or ()), "extra_args": list(self.settings.extra_args)}
+
+    def draft_identity(self, spec: PointSpec) -> str | None:
+        return spec.draft_model
+
+    def point_context(self, spec: PointSpec) -> dict[str, Any]:
+        return {"backend": "server", "target_model": self.profile.target.model, "weight_mb": None}
+
+    def own_pids(self) -> list[int]:
+        return [os.getpid(), *(self.server.descendants() if self.server is not None and self.server.alive() else [])]
+
+    def verify_costs(self, max_tokens: int) -> tuple[float, ...]:
+        return ()  # a server's forward pass cannot be timed from outside
+
+    # --- running points -------------------------------------------------------------------------
+
+    def run_point(self, spec: PointSpec, *, point_key: str, on_request: OnRequest,
+                  after_prompt: AfterPrompt | None) -> list[dict[str, Any]]:
+        url = self._serve(spec)
+        if self.model_name is None:
+            self.model_name = _first_model(url, self.api_key)
+        rows, self._last = measure_point(self, spec, url=url, point_key=point_key, on_request=on_request,
+                                         after_prompt=after_prompt)
+        return rows
+
+    def point_measurements(self) -> dict[str, Any]:
+        """Point-level figures of the last run_point: the engine's acceptance counters and their source,
+        the server's peak memory."""
+        return dict(self._last)
+
+    def _serve(self, spec: PointSpec) -> str:
+        """The URL of a server running `spec`'s launch: attached, already running, or launched now."""
+        if self.attached:
+            return self.url
+        key = launch_key(spec)
+        if self.server is not None and self._launched == key and self.server.alive():
+            return self.server.url
+        self._stop()
+        argv, env = self.launch_argv(spec)
+        port = int(argv[argv.index("--port") + 1]) if "--port" in argv else free_port()
+        log_dir = self.log_dir or Path(".")
+        log_path = log_dir / "server-logs" / f"{len(self.launches) + 1:02d}-{_slug(spec)}.log"
+        self.launches.append({"point": spec.point_id, "argv": argv, "log": str(log_path)})
+        self.observer.message(f"launching {self.settings.engine}: {_slug(spec)} (log {log_path})")
+        self.server = ServerProcess(argv, log_path=log_path, env=env, port=port).start()
+        self._launched = key
+        self.server.wait_ready(timeout_s=self.settings.ready_timeout_s, health_path="/health")
+        return self.server.url
+
+    def launch_argv(self, spec: PointSpec) -> tuple[list[str], dict[str, str]]:
+        """The exact argv (and extra environment) a point's launch runs."""
+        engine = self.engine
+        target = engine_reference(self.profile.target.model, engine)
+        speculation = Speculation(spec.method, spec.gamma,
+                                  engine_reference(spec.draft_model, engine) if spec.draft_model else None,
+                                  spec.ngram_min, spec.ngram_max)
+        port = free_port()
+        if self.settings.command is not None:
+            values = {"target": target, "draft": speculation.draft_model or "", "host": HOST, "port": str(port)}
+            argv = [part.format(**values) for part in self.settings.command]
+            if "--port" not in argv:
+                argv += ["--port", str(port)]
+        else:
+            argv = engine.command(target=target, host=HOST, port=port, binary=self.binary)
+        argv += engine.speculation_args(speculation, help_text=self.help_text) + list(self.settings.extra_args)
+        env = dict(self.settings.env)
+        if engine.loads_gguf and self.binary and os.sep in self.binary:  # llama.cpp's shared libraries lie beside it
+            folder = str(Path(self.binary).resolve().parent)
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (folder, env.get("LD_LIBRARY_PATH",
+                                                                                   os.environ.get("LD_LIBRARY_PATH"))) if p)
+        return argv, env
+
+    def _check_methods(self, where: str) -> None:
+        for index, draft in enumerate(self.profile.drafts):
+            if draft.method not in self.engine.methods:
+                raise ProfileError(f"{where}drafts[{index}].method: {self.settings.engine} has no method "
+                                   f"\"{draft.method}\" (it has: {', '.join(self.engine.methods)})")
+
+    def _engine_version(self) -> str | None:
+        if self.attached:
+            return None
+        return (self.help_text or "").partition("version:")[2].strip().split("\n")[0][:80] or None
+
+    def _stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+            self._launched = None
+
+    def describe(self) -> dict[str, Any]:
+        from specbench.backends.inprocess import environment_base
+
+        described: dict[str, Any] = {
+            "models": {"target": {"model": self.profile.target.model, "identity": self.target_identity},
+                       "drafts": {d.name: {"model": d.model, "method": d.method} for d in self.profile.drafts}},
+            "environment": environment_base(),
+            "server": {"engine": self.settings.engine, "attached": self.settings.url, "launches": self.launches},
+        }
+        if self.attached:
+            described["server"]["reports"] = _server_report(self.url, self.api_key)
+        return described
+
+    def close(self) -> None:
+        self._stop()
+
+
+class ServerBackend:
+    name = "server"
+    pins_local_devices = False
+    launch_key = staticmethod(launch_key)
+
+    def open(self, profile: Profile, *, observer: Observer, out_dir: Path | None = None) -> ServerSession:
+        try:
+            session = ServerSession(profile, observer=observer)
+            session.log_dir = out_dir
+            return session
+        except EngineError as error:
+            raise ProfileError(str(error)) from None
+
+
+BACKEND = ServerBackend()
+
+
+def engine_reference(ref: str, engine: ServingEngine) -> str:
+    """A model reference as the engine loads it: a GGUF file for llama.cpp; a Hugging Face folder (a GGUF
+    converted once) or a hub id for the others."""
+    source = resolve_model(ref)
+    if engine.loads_gguf:
+        if source.kind != "gguf":
+            raise ProfileError(f"{ref}: {engine.name} loads GGUF files; point the model at a .gguf file or a builtin")
+        return source.location
+    return ref if source.kind == "hub" else str(hf_folder(ref))
+
+
+def _find_binary(engine: ServingEngine, settings, where: str) -> str | None:
+    """The executable (llama.cpp) or the Python with the engine installed (vLLM, SGLang)."""
+    if settings.command is not None:
+        found = shutil.which(settings.command[0])
+        if found is None:
+            raise ProfileError(f"{where}server.command: {settings.command[0]!r} is not an executable on PATH; "
+                               "give its full path")
+        return found
+    if settings.binary is not None:
+        binary = Path(settings.binary)
+        if not (binary.is_file() and os.access(binary, os.X_OK)):
+            raise ProfileError(f"{where}server.binary: {binary} is not an executable file; install the engine "
+                               "(make engines) or fix the path")
+        return str(binary)
+    if engine.loads_gguf:
+        found = shutil.which("llama-server")
+        if found is None:
+            raise ProfileError(f"{where}server.binary: llama-server is not on PATH; set server.binary to its path "
+                               "(make engines installs it under .engines/)")
+        return found
+    return sys.executable
+
+
+def _help_text(binary: str | None, engine: ServingEngine, settings) -> str | None:
+    """llama-server's --help (and --version), for its version-dependent flag names."""
+    if not engine.loads_gguf or binary is None:
+        return None
+    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(
+        p for p in (str(Path(binary).resolve().parent), os.environ.get("LD_LIBRARY_PATH")) if p)}
+    texts = []
+    for flag in ("--help", "--version"):
+        try:
+            out = subprocess.run([binary, flag], capture_output=True, text=True, timeout=30, env=env)
+            texts.append(out.stdout + out.stderr)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise ProfileError(f"server.binary: cannot run {binary} {flag}: {error}") from None
+    return "\n".join(texts)
+
+
+def _api_key(profile: Profile) -> str | None:
+    name = profile.server.api_key_env
+    if name is None:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise ProfileError(f"server.api_key_env: the environment variable {name} is not set")
+    return key
+
+
+def _first_model(url: str, api_key: str | None) -> str:
+    import asyncio
+
+    try:
+        listed = asyncio.run(client.get_json(f"{url}/v1/models", api_key=api_key))
+        return listed["data"][0]["id"]
+    except Exception as error:  # noqa: BLE001 - any failure is one line
+        raise ServerFailed(f"{url}/v1/models did not list a model: {type(error).__name__}: {error}") from None
+
+
+def _server_report(url: str, api_key: str | None) -> dict[str, Any]:
+    """What an attached server says about itself (its model list and, where it has one, /version)."""
+    import asyncio
+
+    report: dict[str, Any] = {}
+    for path in ("/v1/models", "/version", "/props"):
+        try:
+            report[path] = asyncio.run(client.get_json(url + path, api_key=api_key))
+        except Exception:  # noqa: BLE001 - optional endpoints
+            continue
+    return report
+
+
+def _slug(spec: PointSpec) -> str:
+    return "baseline" if spec.method == "baseline" else f"{spec.draft}-g{spec.gamma}"

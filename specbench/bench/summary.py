@@ -1,0 +1,162 @@
+"""The bench's figures, derived from its request rows: each backend's points through `summary.summarize`
+(on each prompt's fastest repeat), the analytic model through `summary.predict`, the native-over-HF ratios
+through `stats`'s paired bootstraps, and greedy output equality from the recorded output hashes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from specbench import results, stats, summary
+from specbench.bench.measure import BACKENDS, Measurement
+from specbench.results import PointSpec
+
+
+@dataclass(frozen=True)
+class Interval:
+    value: float
+    low: float | None  # None for one prompt: nothing to resample
+    high: float | None
+
+
+@dataclass(frozen=True)
+class BackendFigures:
+    tokens_per_s: float
+    mean_accepted_length: float  # tokens per target step, bonus included
+    speedup: Interval | None  # over the same backend's baseline; None for the baseline itself
+
+
+@dataclass(frozen=True)
+class MethodComparison:
+    method: str  # baseline | ngram | draft
+    native: BackendFigures
+    hf: BackendFigures | None  # None when HF could not run the method
+    hf_skipped: str | None
+    native_over_hf: Interval | None  # baseline: tokens/s ratio; other methods: ratio of speedups
+    acceptance_rate: float | None  # native: accepted / drafted
+    alpha: float | None  # native: the per-token model parameter, accepted / (accepted + rejections)
+    prediction: stats.Prediction | None  # the analytic model of the native requests
+    identical: int  # requests whose native and HF outputs equal the native baseline's
+    compared: int
+
+    @property
+    def predicted_over_measured(self) -> float | None:
+        if self.prediction is None or self.native.speedup is None:
+            return None
+        return self.prediction.speedup / self.native.speedup.value
+
+
+@dataclass(frozen=True)
+class BenchSummary:
+    measurement: Measurement
+    target_ms_per_token: float | None  # native baseline: mean time of a 1-token target step
+    methods: tuple[MethodComparison, ...]
+    mismatches: tuple[str, ...]
+    repeat_spread: float | None  # median over (backend, point, prompt) of slowest / fastest repeat - 1
+
+
+def summarize(measurement: Measurement) -> BenchSummary:
+    requests = measurement.requests
+    fastest = fastest_repeats(requests)
+    prompt_ids = list(dict.fromkeys(requests["prompt_id"]))
+    baseline = measurement.specs[0]
+    points = {backend: _points(list(measurement.specs), fastest[fastest["backend"] == backend]) for backend in BACKENDS}
+    comparisons = []
+    for spec in measurement.specs:
+        hf_skipped = measurement.skipped.get(("hf", spec.point_id))
+        sides = {backend: [_per_prompt(fastest, backend, s, prompt_ids) for s in (spec, baseline)]
+                 for backend in BACKENDS}
+        if hf_skipped is not None or measurement.skipped.get(("hf", baseline.point_id)) is not None:
+            native_over_hf = None
+        elif spec.method == "baseline":
+            native_over_hf = Interval(*stats.paired_bootstrap_speedup(*sides["native"][0], *sides["hf"][0]))
+        else:
+            native_over_hf = Interval(*stats.paired_bootstrap_speedup_ratio(
+                (*sides["native"][0], *sides["native"][1]), (*sides["hf"][0], *sides["hf"][1])))
+        native = points["native"].loc[spec.point_id]
+        identical, compared = _identical(requests, spec, baseline)
+        comparisons.append(MethodComparison(
+            method=spec.method,
+            native=_figures(native),
+            hf=_figures(points["hf"].loc[spec.point_id]) if spec.point_id in points["hf"].index else None,
+            hf_skipped=hf_skipped,
+            native_over_hf=native_over_hf,
+            acceptance_rate=_number(native["acceptance_rate"]),
+            alpha=_number(native["alpha"]),
+            prediction=None if spec.method == "baseline" else summary.predict(
+                _rows(fastest, "native", spec), _rows(fastest, "native", baseline)),
+            identical=identical,
+            compared=compared,
+        ))
+    target_ms = next((c.prediction.target_ms_per_token for c in comparisons if c.prediction is not None), None)
+    return BenchSummary(measurement, target_ms, tuple(comparisons), _mismatches(requests, baseline),
+                        _repeat_spread(requests))
+
+
+def fastest_repeats(requests: pd.DataFrame) -> pd.DataFrame:
+    """Each (backend, point, prompt)'s fastest repeat: other processes on a shared machine only ever add
+    time, so the fastest repeat is the least disturbed one."""
+    fastest = requests.groupby(["backend", "point_id", "prompt_id"], sort=False)["e2e_ms"].idxmin()
+    return requests.loc[fastest.to_numpy()].reset_index(drop=True)
+
+
+def _points(specs: list[PointSpec], rows: pd.DataFrame) -> pd.DataFrame:
+    return summary.summarize(specs, rows, failures={}, context={}).set_index("point_id")
+
+
+def _rows(requests: pd.DataFrame, backend: str, spec: PointSpec) -> pd.DataFrame:
+    return requests[(requests["backend"] == backend) & (requests["point_id"] == spec.point_id)]
+
+
+def _per_prompt(requests: pd.DataFrame, backend: str, spec: PointSpec,
+                prompt_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Output tokens [P] and e2e ms [P] of one request per prompt, in prompt order."""
+    rows = _rows(requests, backend, spec).set_index("prompt_id").reindex(prompt_ids)
+    return rows["output_tokens"].to_numpy(float), rows["e2e_ms"].to_numpy(float)
+
+
+def _figures(point: pd.Series) -> BackendFigures:
+    speedup = None
+    if point["method"] != "baseline" and _number(point["speedup"]) is not None:
+        speedup = Interval(float(point["speedup"]), _number(point["speedup_ci_low"]), _number(point["speedup_ci_high"]))
+    return BackendFigures(tokens_per_s=float(point["tokens_per_s"]),
+                          mean_accepted_length=float(point["mean_accepted_length"]), speedup=speedup)
+
+
+def _number(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _baseline_shas(requests: pd.DataFrame, baseline: PointSpec) -> dict[tuple[str, int], str]:
+    rows = _rows(requests, "native", baseline)
+    return dict(zip(zip(rows["prompt_id"], rows["repeat"]), rows["output_sha"]))
+
+
+def _identical(requests: pd.DataFrame, spec: PointSpec, baseline: PointSpec) -> tuple[int, int]:
+    """(native requests whose output, and their HF twin's where there is one, equal the native baseline's,
+    native requests)."""
+    expected = _baseline_shas(requests, baseline)
+    hf = _rows(requests, "hf", spec)
+    hf_shas = dict(zip(zip(hf["prompt_id"], hf["repeat"]), hf["output_sha"]))
+    native = _rows(requests, "native", spec)
+    same = sum(1 for key, sha in zip(zip(native["prompt_id"], native["repeat"]), native["output_sha"])
+               if sha == expected[key] and hf_shas.get(key, sha) == sha)
+    return same, len(native)
+
+
+def _mismatches(requests: pd.DataFrame, baseline: PointSpec) -> tuple[str, ...]:
+    expected = _baseline_shas(requests, baseline)
+    prompt_number = {prompt_id: n for n, prompt_id in enumerate(dict.fromkeys(requests["prompt_id"]), start=1)}
+    return tuple(
+        f"{r['backend']} {r['point_id']}, prompt {prompt_number[r['prompt_id']]}, repeat {r['repeat'] + 1}"
+        for r in requests.to_dict("records") if r["output_sha"] != expected[r["prompt_id"], r["repeat"]]
+    )
+
+
+def _repeat_spread(requests: pd.DataFrame) -> float | None:
+    """Median of (slowest / fastest - 1) over the repeats of each (backend, point, prompt); None for 1 repeat."""
+    times = requests.groupby(["backend", "point_id", "prompt_id"])["e2e_ms"]
+    spreads = (times.max() / times.min() - 1)[times.count() > 1]
+    return float(np.median(spreads)) if len(spreads) else None

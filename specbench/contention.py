@@ -1,0 +1,115 @@
+"""Was the machine quiet while a point ran? On a shared box another process can make the same sweep report
+half the speedup it would on a quiet one. Measured per point: the share of the machine's CPU time that
+other processes took (Linux /proc/stat, minus this run's own processes), and the other processes holding
+a context on the GPU (nvidia-smi) when the run uses one. `results` adds the spread of per-request TPOT
+within the point and of each prompt's time across repeats, and flags a point that exceeds any limit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+OTHER_CPU_SHARE_LIMIT = 0.10  # other processes took more than 10 % of the machine's CPU time
+REPEAT_SPREAD_LIMIT = 0.15  # a prompt's repeats differ by more than 15 % (median over prompts)
+TPOT_SPREAD_LIMIT = 3.0  # p90 / p10 of per-request TPOT within a point
+ADVICE = "repeat them on a quiet machine (--fresh), or stop the other load"
+
+
+@dataclass(frozen=True)
+class Conditions:
+    other_cpu_share: float | None  # of the machine's CPU time (all cores) during the point; None without /proc
+    gpu_other_processes: int | None  # other processes with a context on the GPU; None when not measured
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return asdict(self)
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all CPUs since boot; busy includes time stolen by the hypervisor."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    busy = user + nice + system + irq + softirq + steal  # guest time is already inside user
+    return busy, busy + idle + iowait
+
+
+def _process_jiffies(pids: list[int]) -> int:
+    """CPU ticks used by `pids` and their waited-for children (threads included)."""
+    total = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue  # gone: its time is lost, which can only hide contention, never invent it
+        fields = stat.rsplit(")", 1)[1].split()
+        total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return total
+
+
+def _gpu_pids() -> set[int] | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return {int(line) for line in out.stdout.split() if line.strip().isdigit()}
+
+
+class ConditionsProbe:
+    """Around a point: `with ConditionsProbe(own_pids, gpu=...) as probe: ...; probe.conditions`."""
+
+    def __init__(self, own_pids: Callable[[], list[int]] = lambda: [os.getpid()], *, gpu: bool = False):
+        self.own_pids = own_pids
+        self.gpu = gpu
+        self.conditions = Conditions(None, None)
+
+    def __enter__(self) -> "ConditionsProbe":
+        self._gpu_others: set[int] = set()
+        self._start = _cpu_jiffies(), _process_jiffies(self.own_pids()), time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        (start, own_start, _), end = self._start, _cpu_jiffies()
+        share = None
+        if start is not None and end is not None and end[1] > start[1]:
+            other = (end[0] - start[0]) - (_process_jiffies(self.own_pids()) - own_start)
+            share = min(1.0, max(0.0, other / (end[1] - start[1])))
+        gpu_others = None
+        if self.gpu and (pids := _gpu_pids()) is not None:
+            gpu_others = len(pids - set(self.own_pids()))
+        self.conditions = Conditions(share, gpu_others)
+
+
+def repeat_spread(e2e_ms_by_prompt: list[list[float]]) -> float | None:
+    """Median over prompts of (slowest / fastest repeat - 1); None with one repeat."""
+    spreads = sorted(max(t) / min(t) - 1 for t in e2e_ms_by_prompt if len(t) > 1 and min(t) > 0)
+    if not spreads:
+        return None
+    middle = len(spreads) // 2
+    return spreads[middle] if len(spreads) % 2 else (spreads[middle - 1] + spreads[middle]) / 2
+
+
+def unstable_reasons(*, other_cpu_share: float | None, gpu_other_processes: int | None,
+                     repeat_spread: float | None, tpot_spread: float | None) -> list[str]:
+    """Why a point's timing cannot be trusted; empty when nothing says so."""
+    reasons = []
+    if other_cpu_share is not None and other_cpu_share > OTHER_CPU_SHARE_LIMIT:
+        reasons.append(f"other processes used {other_cpu_share:.0%} of the CPU")
+    if gpu_other_processes:
+        reasons.append(f"{gpu_other_processes} other process(es) on the GPU")
+    if repeat_spread is not None and repeat_spread > REPEAT_SPREAD_LIMIT:
+        reasons.append(f"repeats differ by {repeat_spread:.0%}")
+    if tpot_spread is not None and tpot_spread > TPOT_SPREAD_LIMIT:
+        reasons.append(f"TPOT p90/p10 {tpot_spread:.1f}")
+    return reasons

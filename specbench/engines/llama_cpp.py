@@ -1,0 +1,52 @@
+"""llama.cpp's llama-server: GGUF files; `--spec-type` (draft-simple with a draft model, ngram-* lookups,
+draft-eagle3, draft-mtp), `-md` for the draft model and the draft-length flag. Its flag names changed
+during 2026 (`--draft-max` became `--spec-draft-n-max`): they are read from the binary's --help."""
+
+from __future__ import annotations
+
+import re
+
+from specbench.engines.base import EngineError, Speculation
+
+_SPEC_TYPE = {"draft": "draft-simple", "ngram": "ngram-simple", "eagle3": "draft-eagle3", "mtp": "draft-mtp"}
+
+
+def _has(help_text: str | None, flag: str) -> bool:
+    return help_text is not None and re.search(rf"(^|[\s,]){re.escape(flag)}([\s,=]|$)", help_text, re.M) is not None
+
+
+class LlamaCpp:
+    name = "llama.cpp"
+    methods = tuple(_SPEC_TYPE)
+    loads_gguf = True
+    metrics_prefix = "llamacpp:"
+
+    def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:
+        return [binary or "llama-server", "-m", target, "--host", host, "--port", str(port), "--metrics",
+                "--alias", "specbench-target"]
+
+    def speculation_args(self, speculation: Speculation, *, help_text: str | None = None) -> list[str]:
+        """Flags for `speculation`; without `help_text`, the 2026 names (--spec-type, --spec-draft-n-max)."""
+        if not speculation.speculates:
+            return []
+        if speculation.method not in _SPEC_TYPE:
+            raise EngineError(f"llama.cpp has no speculative method {speculation.method!r} "
+                              f"(it has: {', '.join(_SPEC_TYPE)})")
+        current = help_text is None or _has(help_text, "--spec-type")
+        if not current:  # before --spec-type: only a draft model, with --draft-max
+            if speculation.method != "draft":
+                raise EngineError(f"this llama-server predates --spec-type: it drafts only with a draft model, "
+                                  f"not {speculation.method!r}; use a newer llama.cpp")
+            return ["-md", speculation.draft_model, "--draft-max", str(speculation.gamma), "--draft-min", "0"]
+        n_max = "--spec-draft-n-max" if help_text is None or _has(help_text, "--spec-draft-n-max") else "--draft-max"
+        args = ["--spec-type", _SPEC_TYPE[speculation.method], n_max, str(speculation.gamma)]
+        if speculation.method == "ngram":
+            # ngram-simple looks up the last N tokens (N: the longest n-gram) and drafts up to M tokens
+            args += ["--spec-ngram-simple-size-n", str(speculation.ngram_max),
+                     "--spec-ngram-simple-size-m", str(speculation.gamma)]
+        elif speculation.draft_model is not None:
+            args += ["-md", speculation.draft_model]
+        return args
+
+
+ENGINE = LlamaCpp()

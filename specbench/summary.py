@@ -1,0 +1,225 @@
+"""Per-point summaries derived from the per-request rows (the source of truth): throughput, acceptance,
+latency percentiles, the speedup over the baseline with its paired bootstrap CI, the analytic prediction,
+greedy output equality and where it first diverges, and whether the machine was quiet enough to trust the
+timing. Recomputed every time points.parquet is written."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from specbench import contention, stats
+from specbench.decoding import first_divergence
+from specbench.results import POINT_COLUMNS, POINT_DTYPES, PointSpec
+
+NEAR_TIE_GAP = 0.1  # logits: a greedy divergence this close is a near-tie (bf16/fp16 rounding), not a bug
+
+
+def summarize(specs: list[PointSpec], requests: pd.DataFrame, *, failures: dict[str, str],
+              context: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """One row per point that has requests or a failure. `context[point_id]` adds constant columns
+    (backend, models, weight_mb, point_key, how quiet the machine was, the engine's own counters)."""
+    rows = []
+    by_point = {point_id: group for point_id, group in requests.groupby("point_id", sort=False)} if len(requests) else {}
+    for spec in specs:
+        if spec.point_id not in by_point and spec.point_id not in failures:
+            continue
+        row = {**asdict(spec), **context.get(spec.point_id, {})}
+        if spec.point_id in failures:
+            rows.append({**row, "status": "failed", "error": failures[spec.point_id]})
+            continue
+        point = by_point[spec.point_id]
+        baseline = by_point.get(spec.baseline_id)
+        row.update(status="ok", error=None, **_metrics(point, baseline, spec, row), **_spreads(point))
+        row.update(_stability(row, context.get(spec.baseline_id, {}), baseline, spec))
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=list(POINT_COLUMNS))
+    return frame.astype(POINT_DTYPES)
+
+
+def _metrics(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec, row: dict[str, Any]) -> dict[str, Any]:
+    drafted = point["drafted_tokens"].sum() if point["drafted_tokens"].notna().all() else None
+    accepted = point["accepted_tokens"].sum() if point["accepted_tokens"].notna().all() else None
+    itl = np.concatenate([np.asarray(v, dtype=float) for v in point["itl_ms"]]) if len(point) else np.array([])
+    growth = point["peak_memory_growth_mb"]
+    steps = point["target_steps"].sum() if point["target_steps"].notna().all() else 0
+    metrics: dict[str, Any] = {
+        "n_requests": len(point),
+        "output_tokens": int(point["output_tokens"].sum()),
+        "tokens_per_s": _throughput(point, spec),
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "alpha": _alpha(point, accepted) if drafted else None,
+        "mean_accepted_length": point["decode_tokens"].sum() / steps if steps else None,
+        "accepted_per_position": _sum_lists(point["accepted_per_position"]),
+        "drafted_per_position": _sum_lists(point["drafted_per_position"]) if drafted is not None else None,
+        "ttft_ms_p50": stats.percentile(point["ttft_ms"], 50),
+        "tpot_ms_p50": stats.percentile(point["tpot_ms"].dropna(), 50),
+        "tpot_ms_p90": stats.percentile(point["tpot_ms"].dropna(), 90),
+        "itl_ms_p50": stats.percentile(itl, 50),
+        "itl_ms_p99": stats.percentile(itl, 99),
+        "e2e_ms_p50": stats.percentile(point["e2e_ms"], 50),
+        "e2e_ms_p99": stats.percentile(point["e2e_ms"], 99),
+        "peak_memory_mb": (row.get("weight_mb") or 0.0) + growth.max() if growth.notna().all() else None,
+        "draft_ms_per_token": point["draft_ms"].sum() / drafted if drafted and point["draft_ms"].notna().all() else None,
+        "verify_ms_per_step": point["verify_ms"].sum() / steps if steps and point["verify_ms"].notna().all() else None,
+    }
+    if row.get("server_peak_rss_mb") is not None:
+        metrics["peak_memory_mb"] = row["server_peak_rss_mb"]
+    metrics.update(_engine_acceptance(row, spec))
+    if spec.method == "baseline" and metrics["mean_accepted_length"] is None:
+        metrics["mean_accepted_length"] = 1.0  # one token per target forward pass, by definition
+    metrics.update(_against_baseline(point, baseline, spec))
+    return metrics
+
+
+def _throughput(point: pd.DataFrame, spec: PointSpec) -> float:
+    """Output tokens per second: over the requests' own time one at a time; under concurrency over the wall
+    time from the first send to the last finish (never a sum of per-request rates)."""
+    if spec.concurrency > 1 and "start_ms" in point and point["start_ms"].notna().all():
+        wall_s = ((point["start_ms"] + point["e2e_ms"]).max() - point["start_ms"].min()) / 1e3
+        return float(point["output_tokens"].sum() / wall_s) if wall_s > 0 else float("nan")
+    return stats.throughput(point["output_tokens"], point["e2e_ms"] / 1e3)
+
+
+def _engine_acceptance(row: dict[str, Any], spec: PointSpec) -> dict[str, Any]:
+    """A serving engine's acceptance from its own counters (never guessed): acceptance_rate = accepted /
+    draft tokens, mean accepted length = 1 + accepted / drafts (bonus token included)."""
+    source = row.get("acceptance_source")
+    if source is None or spec.method == "baseline":
+        return {}
+    drafts, draft_tokens, accepted = row.get("engine_drafts"), row.get("engine_draft_tokens"), row.get("engine_accepted_tokens")
+    out: dict[str, Any] = {"acceptance_rate": accepted / draft_tokens if draft_tokens else None}
+    if drafts:
+        out["mean_accepted_length"] = 1.0 + accepted / drafts
+    positions = row.get("engine_accepted_per_position")
+    if positions is not None and len(positions):
+        out["accepted_per_position"] = [int(round(v)) for v in positions]
+    return out
+
+
+def _against_baseline(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec) -> dict[str, Any]:
+    """speedup with a paired bootstrap CI, the analytic prediction, and greedy output equality."""
+    empty = {"speedup": None, "speedup_ci_low": None, "speedup_ci_high": None, "predicted_speedup": None,
+             "outputs_match_baseline": None, "outputs_match_fraction": None, "first_divergence": None,
+             "divergence_top2_gap": None}
+    if baseline is None or spec.method == "baseline":
+        if spec.method == "baseline":
+            greedy = spec.temperature == 0
+            return {**empty, "speedup": 1.0, "speedup_ci_low": 1.0, "speedup_ci_high": 1.0,
+                    "outputs_match_baseline": True if greedy else None, "outputs_match_fraction": 1.0 if greedy else None}
+        return empty
+    mine = point.groupby("prompt_id")[["output_tokens", "e2e_ms"]].sum()
+    theirs = baseline.groupby("prompt_id")[["output_tokens", "e2e_ms"]].sum()
+    shared = mine.index.intersection(theirs.index)
+    result = dict(empty)
+    if len(shared):
+        mine, theirs = mine.loc[shared], theirs.loc[shared]
+        speedup, low, high = stats.paired_bootstrap_speedup(
+            mine["output_tokens"].to_numpy(float), mine["e2e_ms"].to_numpy(float),
+            theirs["output_tokens"].to_numpy(float), theirs["e2e_ms"].to_numpy(float),
+        )
+        # one prompt gives no spread to resample: the CI stays empty rather than falsely tight
+        result.update(speedup=speedup, speedup_ci_low=low if len(shared) > 1 else None,
+                      speedup_ci_high=high if len(shared) > 1 else None)
+    prediction = predict(point, baseline)
+    result["predicted_speedup"] = prediction.speedup if prediction is not None else None
+    if spec.temperature == 0:
+        result.update(_greedy_equality(point, baseline))
+    return result
+
+
+def _greedy_equality(point: pd.DataFrame, baseline: pd.DataFrame) -> dict[str, Any]:
+    """Whether every greedy output equals the baseline's, the fraction that do, and where the first mismatch
+    diverges with the target's top-2 logit gap there (a near-tie when small: not necessarily a bug)."""
+    expected = baseline.set_index("request_id")
+    matches = [expected["output_sha"].get(request_id) == sha for request_id, sha in zip(point["request_id"], point["output_sha"])]
+    out: dict[str, Any] = {"outputs_match_baseline": bool(all(matches)),
+                           "outputs_match_fraction": float(np.mean(matches)) if matches else None}
+    if all(matches) or "output_ids" not in point or "output_ids" not in expected:
+        return out
+    divergences = []
+    for row, match in zip(point.to_dict("records"), matches):
+        if match or row["request_id"] not in expected.index or row.get("output_ids") is None:
+            continue
+        reference = expected.loc[row["request_id"]]
+        if reference["output_ids"] is None:
+            continue
+        found = first_divergence(tuple(row["output_ids"]), tuple(reference["output_ids"]),
+                                 gaps=tuple(row.get("top2_gap") if row.get("top2_gap") is not None else ()),
+                                 reference_gaps=tuple(reference.get("top2_gap") if reference.get("top2_gap") is not None else ()))
+        if found is not None:
+            divergences.append(found)
+    if divergences:
+        position, gap = min(divergences, key=lambda d: d[0])
+        out.update(first_divergence=position, divergence_top2_gap=gap)
+    return out
+
+
+def _stability(row: dict[str, Any], baseline_context: dict[str, Any], baseline: pd.DataFrame | None,
+               spec: PointSpec) -> dict[str, Any]:
+    """How far the point's timing (and its baseline's, which its speedup divides by) can be trusted."""
+    point_reasons = contention.unstable_reasons(
+        other_cpu_share=row.get("other_cpu_share"), gpu_other_processes=row.get("gpu_other_processes"),
+        repeat_spread=row.get("repeat_spread"), tpot_spread=row.get("tpot_spread"))
+    reasons = list(point_reasons)
+    if spec.method != "baseline" and baseline is not None:
+        baseline_spreads = _spreads(baseline)
+        reasons += [f"baseline: {r}" for r in contention.unstable_reasons(
+            other_cpu_share=baseline_context.get("other_cpu_share"),
+            gpu_other_processes=baseline_context.get("gpu_other_processes"), **baseline_spreads)]
+    return {"unstable": bool(reasons), "unstable_reason": "; ".join(reasons) or None}
+
+
+def _spreads(point: pd.DataFrame) -> dict[str, float | None]:
+    by_prompt = [list(group) for _, group in point.groupby("prompt_id")["e2e_ms"]]
+    tpot = point["tpot_ms"].dropna()
+    tpot_spread = None
+    if len(tpot) >= 4 and stats.percentile(tpot, 10):
+        tpot_spread = stats.percentile(tpot, 90) / stats.percentile(tpot, 10)
+    return {"repeat_spread": contention.repeat_spread(by_prompt), "tpot_spread": tpot_spread}
+
+
+def predict(point: pd.DataFrame, baseline: pd.DataFrame) -> stats.Prediction | None:
+    """The analytic model of a point's requests against its baseline's: how many tokens its steps drafted
+    and accepted per position, its draft time per drafted token and verify time per step, over the
+    baseline's time per step, and both sides' prefill (TTFT) per request. None when the backend does not
+    record what it drafted (HF generate) or nothing was drafted."""
+    steps = point["target_steps"].sum()
+    baseline_steps = baseline["target_steps"].sum()
+    timed = point["draft_ms"].notna().all() and point["verify_ms"].notna().all() and baseline["verify_ms"].notna().all()
+    if (not steps or not baseline_steps or not timed or point["drafted_tokens"].isna().any()
+            or "drafted_per_position" not in point or point["drafted_per_position"].isna().any()):
+        return None
+    drafted = point["drafted_tokens"].sum()
+    if not drafted:
+        return None
+    model = stats.StepModel.from_counts(steps=int(steps),
+                                        drafted_per_position=_sum_lists(point["drafted_per_position"]),
+                                        accepted_per_position=_sum_lists(point["accepted_per_position"]))
+    return stats.Prediction(model, draft_ms_per_token=float(point["draft_ms"].sum() / drafted),
+                            verify_ms_per_step=float(point["verify_ms"].sum() / steps),
+                            target_ms_per_token=float(baseline["verify_ms"].sum() / baseline_steps),
+                            decode_tokens=float(point["decode_tokens"].mean()), ttft_ms=float(point["ttft_ms"].mean()),
+                            baseline_ttft_ms=float(baseline["ttft_ms"].mean()))
+
+
+def _alpha(point: pd.DataFrame, accepted: int) -> float | None:
+    """The per-token acceptance probability of the analytic model (Leviathan et al.'s alpha): each
+    drafted token is accepted with probability alpha until the first rejection, so its estimate is
+    accepted / (accepted + rejections). accepted / drafted (the acceptance_rate) is lower: tokens drafted
+    after a rejection are never judged."""
+    if "rejected_steps" not in point or point["rejected_steps"].isna().any():
+        return None
+    judged = accepted + point["rejected_steps"].sum()
+    return float(accepted / judged) if judged else None
+
+
+def _sum_lists(column: pd.Series) -> list[int]:
+    arrays = [np.asarray(v, dtype=np.int64) for v in column if v is not None]
+    if not arrays:
+        return []
+    width = max(len(a) for a in arrays)
+    return np.sum([np.pad(a, (0, width - len(a))) for a in arrays], axis=0).astype(int).tolist()
