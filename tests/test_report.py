@@ -404,7 +404,8 @@ def test_report_command_on_a_real_sweep(tiny_results, tmp_path):
 
     result = report_cli(tiny_results, "--format", "csv", "--sort", "peak_memory_mb")
     rows = pd.read_csv(io.StringIO(result.stdout))
-    assert len(rows) == 10 and set(rows["status"]) == {"ok"} and set(rows["run"]) == {"tiny"}
+    # tiny models take a millisecond a step: their timing may be flagged unstable on a busy machine, never failed
+    assert len(rows) == 10 and set(rows["status"]) <= {"ok", "unstable"} and set(rows["run"]) == {"tiny"}
 
 
 def test_report_command_skips_a_corrupt_folder_in_one_line(tmp_path, run_a):

@@ -18,7 +18,7 @@ def test_a_worker_killed_on_another_host_has_its_point_finished_elsewhere_once(p
     storage, study = f"sqlite:///{project / 'shared.db'}", "liveness"
     command = [sys.executable, "-m", "specbench.cli", "run", "tiny.toml", "--storage", storage, "--study", study,
                "--out", "out"]
-    env = {**os.environ, "SPECBENCH_HEARTBEAT_S": "1"}  # stale after 3 s without a heartbeat
+    env = {**os.environ, "SPECBENCH_HEARTBEAT_S": "1"}  # stale after 6 s without a heartbeat
     elsewhere = subprocess.Popen(command, cwd=project, env={**env, "SPECBENCH_HOST": "elsewhere"},
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     killed = None

@@ -113,7 +113,7 @@ def test_each_launch_happens_once_with_its_argv_and_log_and_no_server_is_left(sw
     assert len(argvs) == 3  # the baseline, the n-gram, the self-draft: temperatures and concurrency per request
     assert any("--spec-type" in argv and "ngram-simple" in argv for argv in argvs)
     assert any("-md" in argv and "draft-simple" in argv for argv in argvs)
-    assert all(Path(launch["log"]).is_file() for launch in server["launches"])
+    assert all((out / launch["log"]).is_file() for launch in server["launches"])
     assert server_pids() <= before  # nothing launched is still running
     assert "concurrency 4" in stdout
 

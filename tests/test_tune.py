@@ -242,11 +242,12 @@ def test_a_study_of_another_search_space_is_refused(tmp_path):
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_baseline_that_fails_is_one_line_and_exit_2(tmp_path, monkeypatch, workers):
-    """A target whose learned positions end before the prompt does fails every request of the baseline,
-    and a tune cannot measure a speedup without it."""
+    """A target whose embedding is smaller than its tokenizer's vocabulary fails every request of the baseline
+    (the prompt fits its context window, so nothing catches it earlier), and a tune cannot measure a speedup
+    without it."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(WORDS), n_positions=8, n_embd=32, n_layer=1, n_head=2))
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=4, n_positions=64, n_embd=32, n_layer=1, n_head=2))
     write_model_folder(tmp_path / "short", model.eval())
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": PROMPTS[0][0], "category": "chat"}) + "\n")
     (tmp_path / "tiny.toml").write_text('name = "short"\n[target]\nmodel = "./short"\n[[drafts]]\nname = "ngram"\n'

@@ -173,9 +173,11 @@ def category_speedups(points: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFr
     sums["tokens_per_s"] = sums["output_tokens"] / (sums["e2e_ms"] / 1e3)
     ran = trusted(points)
     ran = ran[ran["method"] != "baseline"]
-    frame = ran[["point_id", "temperature", "top_p"]].merge(
+    ran = ran.assign(concurrency=ran["concurrency"].fillna(1).astype(int) if "concurrency" in ran else 1)
+    frame = ran[["point_id", "temperature", "top_p", "concurrency"]].merge(
         sums[["point_id", "category", "tokens_per_s"]], on="point_id")
-    frame["baseline_id"] = [results.baseline_point_id(t, p) for t, p in zip(frame["temperature"], frame["top_p"])]
+    frame["baseline_id"] = [results.baseline_point_id(t, p, concurrency=c)
+                            for t, p, c in zip(frame["temperature"], frame["top_p"], frame["concurrency"])]
     baseline = sums.rename(columns={"point_id": "baseline_id", "tokens_per_s": "baseline_tokens_per_s"})
     frame = frame.merge(baseline[["baseline_id", "category", "baseline_tokens_per_s"]],
                         on=["baseline_id", "category"], how="left")
@@ -244,8 +246,9 @@ def _verdict(point_id: str, a: pd.DataFrame, b: pd.DataFrame, row: dict, *, name
 
 
 def trusted(points: pd.DataFrame) -> pd.DataFrame:
-    """Points that ran and whose greedy outputs match the baseline (mismatched speeds mean nothing)."""
-    return points[status_labels(points) == "ok"]
+    """Points that ran and whose greedy outputs match the baseline (mismatched speeds mean nothing); an
+    unstable point stays, labelled and warned about, but is never the best point."""
+    return points[status_labels(points).isin(["ok", "unstable"])]
 
 
 def pareto_front(points: pd.DataFrame) -> pd.Series:

@@ -25,7 +25,7 @@ HEARTBEAT_ENV = "SPECBENCH_HEARTBEAT_S"  # seconds between a running trial's hea
 
 
 def heartbeat_interval() -> int:
-    """Seconds between heartbeats; a trial silent for three intervals is stale."""
+    """Seconds between heartbeats; a trial silent for six intervals is stale."""
     return max(1, int(os.environ.get(HEARTBEAT_ENV, "10")))
 
 
@@ -82,39 +82,39 @@ def wait_for_others(study: optuna.Study, storage: BaseStorage, *, worker: str) -
 
 
 def asked(study: optuna.Study, storage: BaseStorage) -> optuna.Trial:
-    """`study.ask()` plus a first heartbeat: a worker killed before its trial runs still leaves a trial that
-    goes stale."""
+    """`study.ask()`, with heartbeats from now until the trial is told (where the storage keeps them): a
+    worker killed at any moment, even before its trial runs, leaves a trial that goes stale."""
     trial = study.ask()
     if isinstance(storage, optuna.storages.RDBStorage):
-        storage.record_heartbeat(_trial_id(storage, study, trial.number))
+        trial_id = _trial_id(storage, study, trial.number)
+        storage.record_heartbeat(trial_id)
+        threading.Thread(target=_beat_while_running, args=(storage, trial_id), daemon=True,
+                         name=f"heartbeat-{trial.number}").start()
     return trial
 
 
+def _beat_while_running(storage: BaseStorage, trial_id: int) -> None:
+    while True:
+        time.sleep(heartbeat_interval())
+        try:
+            if storage.get_trial(trial_id).state != TrialState.RUNNING:
+                return
+            storage.record_heartbeat(trial_id)
+        except Exception:  # noqa: BLE001 - a storage hiccup: the next beat tries again
+            continue
+
+
 class Heartbeat:
-    """While the trial runs, a thread records its heartbeat (storages that keep them); on leaving with an
-    exception (an interrupt, a bug) the trial is failed without an `error`, giving its point back."""
+    """Around a claimed trial's work: on leaving with an exception (an interrupt, a bug) the trial is failed
+    without an `error`, giving its point back. (Its heartbeats are sent from `asked` on.)"""
 
     def __init__(self, study: optuna.Study, storage: BaseStorage, trial: optuna.Trial):
         self.study, self.storage, self.trial = study, storage, trial
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "Heartbeat":
-        if isinstance(self.storage, optuna.storages.RDBStorage):
-            trial_id = _trial_id(self.storage, self.study, self.trial.number)
-            self._thread = threading.Thread(target=self._beat, args=(trial_id,), daemon=True,
-                                            name=f"heartbeat-{self.trial.number}")
-            self._thread.start()
         return self
 
-    def _beat(self, trial_id: int) -> None:
-        while not self._stop.wait(heartbeat_interval()):
-            self.storage.record_heartbeat(trial_id)
-
     def __exit__(self, kind, error, traceback) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
         if kind is not None:
             release(self.study, self.storage, self.trial)
 

@@ -65,7 +65,7 @@ def _open_storage(url: str) -> BaseStorage:
         # a RUNNING trial whose worker sent no heartbeat for grace_period seconds is failed by the next
         # worker that looks (fail_stale_trials), on any machine: its point is then free again
         return RDBStorage(url, engine_kwargs={"connect_args": connect_args}, skip_compatibility_check=False,
-                          heartbeat_interval=interval, grace_period=3 * interval,
+                          heartbeat_interval=interval, grace_period=6 * interval,
                           heartbeat_stale_trial_callback=requeue_callback)
     except Exception as error:  # noqa: BLE001 - any driver's connection error becomes one line
         raise ScaleOutError(f"--storage: cannot open {masked(url)}: {one_line(error, limit=300)}") from None

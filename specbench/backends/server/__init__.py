@@ -119,7 +119,9 @@ class ServerSession:
         port = int(argv[argv.index("--port") + 1]) if "--port" in argv else free_port()
         log_dir = self.log_dir or Path(".")
         log_path = log_dir / "server-logs" / f"{len(self.launches) + 1:02d}-{_slug(spec)}.log"
-        self.launches.append({"point": spec.point_id, "argv": argv, "log": str(log_path)})
+        # the log as a path inside the result folder (it moves with the folder)
+        self.launches.append({"point": spec.point_id, "argv": argv,
+                              "log": str(log_path.relative_to(log_dir)) if self.log_dir else str(log_path.resolve())})
         self.observer.message(f"launching {self.settings.engine}: {_slug(spec)} (log {log_path})")
         self.server = ServerProcess(argv, log_path=log_path, env=env, port=port).start()
         self._launched = key
