@@ -88,7 +88,7 @@ def request_row(spec: PointSpec, response: client.Response, *, session: "ServerS
     output_tokens = usage.get("completion_tokens")
     if output_tokens is None:
         output_tokens = len(session.tokenizer(response.text, add_special_tokens=False)["input_ids"])
-    tokens = _tokens_per_chunk(response, output_tokens, session.tokenizer)
+    tokens = _tokens_per_chunk(response)
     ttft_s = response.chunk_times_s[0] if response.chunk_times_s else response.end_s
     # ITL per token: the gap before a chunk for its first token, 0 for the others it carries
     itl = [gap for a, b, n in zip(response.chunk_times_s, response.chunk_times_s[1:], tokens[1:])
@@ -114,17 +114,9 @@ def request_row(spec: PointSpec, response: client.Response, *, session: "ServerS
     }
 
 
-def _tokens_per_chunk(response: client.Response, output_tokens: int, tokenizer) -> list[int]:
-    """Tokens carried by each chunk: as the server said, else the chunk text's length in tokens, scaled so
-    the chunks add up to the server's count."""
+def _tokens_per_chunk(response: client.Response) -> list[int]:
+    """Tokens carried by each chunk where the server says (logprobs or token ids); else 1 per chunk, so the
+    ITL list holds the measured gaps between chunks rather than a guess at how tokens split among them."""
     if response.chunk_tokens and all(n > 0 for n in response.chunk_tokens):
         return list(response.chunk_tokens)
-    # estimate from the text: at least one token per chunk, the rest by cumulative text length
-    return [max(1, n) for n in _spread(output_tokens, len(response.chunk_times_s))]
-
-
-def _spread(total: int, chunks: int) -> list[int]:
-    if chunks == 0:
-        return []
-    base, extra = divmod(max(total, chunks), chunks)
-    return [base + (1 if i < extra else 0) for i in range(chunks)]
+    return [1] * len(response.chunk_times_s)

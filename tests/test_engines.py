@@ -1,0 +1,71 @@
+"""One mapping per serving engine from a speculation setting to its flags; llama.cpp's flag names are read
+from the real binary's --help where it is installed (make engines)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from specbench.backends.server.metrics import spec_counters
+from specbench.engines import ENGINES, EngineError, Speculation
+
+LLAMA_SERVER = Path(os.environ.get("SPECBENCH_LLAMA_SERVER", Path(__file__).parents[1] / ".engines" / "llama-server"))
+
+
+def test_vllm_speculative_config():
+    vllm = ENGINES["vllm"]
+    args = vllm.speculation_args(Speculation("ngram", 3, ngram_min=1, ngram_max=4))
+    assert args[0] == "--speculative-config"
+    assert json.loads(args[1]) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                   "prompt_lookup_max": 4}
+    assert json.loads(vllm.speculation_args(Speculation("draft", 5, draft_model="/m/draft"))[1]) == {
+        "method": "draft_model", "num_speculative_tokens": 5, "model": "/m/draft"}
+    assert vllm.speculation_args(Speculation("baseline")) == []
+
+
+def test_sglang_and_unknown_methods():
+    args = ENGINES["sglang"].speculation_args(Speculation("eagle3", 4, draft_model="/m/eagle"))
+    assert args == ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/m/eagle",
+                    "--speculative-num-steps", "4", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "5"]
+    with pytest.raises(EngineError, match=r"^llama.cpp has no speculative method 'medusa'"):
+        ENGINES["llama.cpp"].speculation_args(Speculation("medusa", 2, draft_model="/m"))
+
+
+def test_llama_cpp_flags_follow_the_binarys_help():
+    llama = ENGINES["llama.cpp"]
+    old_help = "-md, --model-draft FNAME\n--draft-max N\n--draft-min N\n"
+    assert llama.speculation_args(Speculation("draft", 3, draft_model="d.gguf"), help_text=old_help) == [
+        "-md", "d.gguf", "--draft-max", "3", "--draft-min", "0"]
+    with pytest.raises(EngineError, match="predates --spec-type"):
+        llama.speculation_args(Speculation("ngram", 3, ngram_min=1, ngram_max=3), help_text=old_help)
+    if not os.access(LLAMA_SERVER, os.X_OK):
+        pytest.skip(f"no llama-server at {LLAMA_SERVER} (make engines builds it)")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(LLAMA_SERVER.resolve().parent)}
+    real_help = subprocess.run([str(LLAMA_SERVER), "--help"], capture_output=True, text=True, env=env).stdout
+    args = llama.speculation_args(Speculation("ngram", 4, ngram_min=1, ngram_max=3), help_text=real_help)
+    assert args == ["--spec-type", "ngram-simple", "--spec-draft-n-max", "4", "--spec-ngram-simple-size-n", "3",
+                    "--spec-ngram-simple-size-m", "4"]
+    for flag in args[::2]:
+        assert flag in real_help  # every flag the mapping writes, the binary knows
+
+
+def test_prometheus_counters_with_or_without_total_and_per_position():
+    text = ("# TYPE vllm:spec_decode_num_drafts counter\nvllm:spec_decode_num_drafts_total{model_name=\"m\"} 6\n"
+            "# TYPE vllm:spec_decode_num_draft_tokens counter\nvllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 18\n"
+            "# TYPE vllm:spec_decode_num_accepted_tokens counter\nvllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 12\n"
+            "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n"
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",position=\"0\"} 6\n"
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",position=\"1\"} 4\n"
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",position=\"2\"} 2\n")
+    counters = spec_counters(text, prefix="vllm:")
+    assert (counters.drafts, counters.draft_tokens, counters.accepted_tokens) == (6, 18, 12)
+    assert counters.accepted_per_position == (6, 4, 2)
+    plain = "# TYPE llamacpp:spec_decode_num_drafts gauge\nllamacpp:spec_decode_num_drafts 2\n" \
+            "# TYPE llamacpp:spec_decode_num_draft_tokens gauge\nllamacpp:spec_decode_num_draft_tokens 5\n"
+    assert spec_counters(plain, prefix="llamacpp:").draft_tokens == 5  # without the _total suffix
+    assert spec_counters("# TYPE x counter\nx_total 1\n", prefix="vllm:") is None
+    assert counters.minus(spec_counters(text.replace(" 18\n", " 10\n"), prefix="vllm:")).draft_tokens == 8
