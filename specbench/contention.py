@@ -75,7 +75,6 @@ class ConditionsProbe:
         self.conditions = Conditions(None, None)
 
     def __enter__(self) -> "ConditionsProbe":
-        self._gpu_others: set[int] = set()
         self._start = _cpu_jiffies(), _process_jiffies(self.own_pids()), time.monotonic()
         return self
 

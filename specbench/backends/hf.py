@@ -4,10 +4,8 @@ the warm start's verify costs are not timed (its drafting is not visible either)
 
 from __future__ import annotations
 
-from specbench.backends.base import Observer
-from specbench.backends.inprocess import GenerateOne, InProcessSession, load_models, same_launch
+from specbench.backends.inprocess import GenerateOne, InProcessBackend, InProcessSession
 from specbench.decoding.hf import hf_generate
-from specbench.profile import Profile
 from specbench.results import PointSpec
 
 
@@ -23,13 +21,4 @@ class HfSession(InProcessSession):
             top_p=spec.top_p, max_new_tokens=m.profile.workload.max_new_tokens, eos_token_ids=m.eos_token_ids)
 
 
-class HfBackend:
-    name = "hf"
-    pins_local_devices = True
-    launch_key = staticmethod(same_launch)
-
-    def open(self, profile: Profile, *, observer: Observer, out_dir=None) -> HfSession:
-        return HfSession(load_models(profile, observer=observer))
-
-
-BACKEND = HfBackend()
+BACKEND = InProcessBackend("hf", HfSession)

@@ -219,6 +219,19 @@ def _git_commit() -> str | None:
         return None
 
 
-def same_launch(spec: PointSpec) -> tuple:
-    """In-process points never restart anything: one launch key for all."""
-    return ()
+class InProcessBackend:
+    """A backend whose sessions load the profile's models into this process (native, hf)."""
+
+    pins_local_devices = True
+
+    def __init__(self, name: str, session: type[InProcessSession]):
+        self.name = name
+        self.session = session
+
+    @staticmethod
+    def launch_key(spec: PointSpec) -> tuple:
+        """In-process points never restart anything: one launch key for all."""
+        return ()
+
+    def open(self, profile: Profile, *, observer: Observer, out_dir=None) -> InProcessSession:
+        return self.session(load_models(profile, observer=observer))

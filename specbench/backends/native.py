@@ -3,11 +3,9 @@ per-step acceptance and timings."""
 
 from __future__ import annotations
 
-from specbench.backends.base import Observer
-from specbench.backends.inprocess import GenerateOne, InProcessSession, LoadedModels, load_models, same_launch
+from specbench.backends.inprocess import GenerateOne, InProcessBackend, InProcessSession, LoadedModels
 from specbench.decoding import BaselineProposer, DraftModelProposer, NgramProposer, Proposer, generate
 from specbench.decoding.costs import verify_costs_ms
-from specbench.profile import Profile
 from specbench.results import PointSpec
 
 
@@ -45,13 +43,4 @@ class NativeSession(InProcessSession):
         return self._verify_costs[max_tokens]
 
 
-class NativeBackend:
-    name = "native"
-    pins_local_devices = True
-    launch_key = staticmethod(same_launch)
-
-    def open(self, profile: Profile, *, observer: Observer, out_dir=None) -> NativeSession:
-        return NativeSession(load_models(profile, observer=observer))
-
-
-BACKEND = NativeBackend()
+BACKEND = InProcessBackend("native", NativeSession)
