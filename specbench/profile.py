@@ -30,7 +30,8 @@ from pydantic import (
 )
 
 from specbench.backends import BACKENDS
-from specbench.engines.base import SERVER_ONLY_METHODS
+from specbench.engines import ENGINES
+from specbench.engines.base import SERVER_ONLY_METHODS, EngineError, Speculation
 from specbench.models import BUILTIN_MODELS, is_builtin
 from specbench.validation import check as _check
 from specbench.validation import describe
@@ -253,6 +254,8 @@ class Profile(_Spec):
         if self.backend == "server" and self.server is None:
             raise _rule('backend "server" needs a [server] table (engine = "vllm", "llama.cpp", ... or url = ...)',
                         at=("server",))
+        if self.backend == "server" and self.server.engine in ENGINES:
+            self._fits_engine(ENGINES[self.server.engine])
         if self.backend != "server":
             if self.server is not None:
                 raise _rule(f'used only by backend = "server" (the profile runs backend "{self.backend}")',
@@ -265,6 +268,19 @@ class Profile(_Spec):
                 raise _rule(f'backend "{self.backend}" runs one request at a time: use concurrency = [1], or '
                             'backend = "server"', at=("sweep", "concurrency"))
         return self
+
+    def _fits_engine(self, engine) -> None:
+        """Every draft x gamma the sweep launches maps onto the engine's flags (some combinations an engine
+        accepts but ignores: refused here rather than measured as a silent baseline)."""
+        for index, draft in enumerate(self.drafts):
+            if draft.method not in engine.methods:
+                continue  # named by the server backend, with the methods the engine has
+            for gamma in self.sweep.gamma:
+                try:
+                    engine.speculation_args(Speculation(draft.method, gamma, draft.model, draft.ngram_min,
+                                                        draft.ngram_max))
+                except EngineError as error:
+                    raise _rule(str(error), at=("sweep", "gamma")) from None
 
     @model_validator(mode="after")
     def _distinct_draft_names(self) -> "Profile":

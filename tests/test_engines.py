@@ -69,3 +69,41 @@ def test_prometheus_counters_with_or_without_total_and_per_position():
     assert spec_counters(plain, prefix="llamacpp:").draft_tokens == 5  # without the _total suffix
     assert spec_counters("# TYPE x counter\nx_total 1\n", prefix="vllm:") is None
     assert counters.minus(spec_counters(text.replace(" 18\n", " 10\n"), prefix="vllm:")).draft_tokens == 8
+
+
+def test_llama_cpp_ngram_below_its_lookup_size_is_refused_up_front(tmp_path, monkeypatch):
+    """llama-server's ngram-simple drafts nothing when its draft length is below the lookup n-gram size
+    (measured: size-n 3 with size-m 2 drafted 0 tokens, size-m 3 drafted): a point that would silently run
+    as a baseline is refused, in the engine mapping and when the profile is read."""
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    with pytest.raises(EngineError, match=r"gamma \(2\) is below the n-gram size ngram_max \(3\)"):
+        ENGINES["llama.cpp"].speculation_args(Speculation("ngram", 2, ngram_min=1, ngram_max=3))
+    monkeypatch.chdir(tmp_path)
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    (tmp_path / "p.toml").write_text(f"""name = "p"
+backend = "server"
+[server]
+engine = "llama.cpp"
+binary = "{binary}"
+[target]
+model = "builtin:smollm2-135m-instruct"
+[[drafts]]
+name = "ngram"
+method = "ngram"
+ngram_max = 3
+[sweep]
+gamma = [2, 4]
+temperature = [0.0]
+[workload]
+prompts = "builtin:mixed"
+""")
+    result = CliRunner().invoke(app, ["run", "p.toml"])
+    assert result.exit_code == 2
+    assert result.output.strip() == ("error: p.toml: sweep.gamma: llama.cpp's ngram-simple drafts nothing when gamma (2) "
+                                     "is below the n-gram size ngram_max (3); use gamma >= ngram_max")
+    assert not (tmp_path / "results").exists()

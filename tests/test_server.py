@@ -166,3 +166,48 @@ def test_a_missing_binary_is_one_line_exit_2_and_nothing_written(tmp_path, monke
     assert result.output.strip() == ("error: llama.toml: server.binary: /nowhere/llama-server is not an executable "
                                      "file; install the engine (make engines) or fix the path")
     assert not (tmp_path / "results").exists()
+
+
+def test_attached_to_a_running_server_only_per_request_axes_are_swept_and_it_is_left_running(tmp_path):
+    from specbench.backends.server.process import free_port
+    from specbench.models import resolve_model
+
+    port = free_port()
+    gguf = resolve_model("builtin:smollm2-135m-instruct").location
+    server = subprocess.Popen([str(LLAMA_SERVER), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", "2",
+                               "-np", "2", "--metrics"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "LD_LIBRARY_PATH": str(LLAMA_SERVER.resolve().parent)})
+    try:
+        profile = PROFILE.split("[[drafts]]")[0].replace(f'binary = "{LLAMA_SERVER}"', f'url = "http://127.0.0.1:{port}"')
+        profile += ('[sweep]\ngamma = [1]\ntemperature = [0.0, 0.8]\nconcurrency = [1, 2]\n'
+                    '[workload]\nprompts = "builtin:mixed"\nmax_prompts = 2\nmax_new_tokens = 8\n')
+        (tmp_path / "attach.toml").write_text(profile.replace("extra_args = [\"-t\", \"2\", \"-np\", \"4\"]\n", ""))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the test's own server: wait for its model to load
+            try:
+                import urllib.request
+
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.3)
+        result = subprocess.run([sys.executable, "-m", "specbench.cli", "run", "attach.toml", "--out", "out"],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        points = pd.read_parquet(tmp_path / "out" / "points.parquet")
+        assert sorted(points["point_id"]) == ["baseline-t0-p1", "baseline-t0-p1-c2", "baseline-t0.8-p1",
+                                              "baseline-t0.8-p1-c2"]
+        assert (points["status"] == "ok").all()
+        manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+        assert manifest["server"]["launches"] == []
+        assert manifest["server"]["attached"] == f"http://127.0.0.1:{port}"
+        assert manifest["server"]["reports"]["/v1/models"]["data"][0]["id"]  # what the server says of itself
+        assert server.poll() is None  # not ours to stop
+    finally:
+        server.kill()
+        server.wait()
+    dead = CliRunner().invoke(app, ["run", str(tmp_path / "attach.toml")])  # the same url, nobody answering now
+    assert dead.exit_code == 2
+    assert not (tmp_path / "results").exists()
+    assert dead.output.strip().startswith(f"error: {tmp_path / 'attach.toml'}: server.url: http://127.0.0.1:{port} does not "
+                                  "answer")

@@ -36,6 +36,8 @@ class ServingEngine(Protocol):
     methods: tuple[str, ...]  # speculative methods besides baseline
     loads_gguf: bool  # a GGUF file (llama.cpp) rather than a Hugging Face folder or hub id
     metrics_prefix: str  # of its Prometheus spec-decode counters, e.g. "vllm:"
+    module: str | None  # the Python module it runs as (vLLM, SGLang); None for an executable
+    distributions: tuple[str, ...]  # the packages it may be installed as, for its version
 
     def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:
         """argv that serves `target` without speculation (binary: an explicit executable or interpreter)."""

@@ -19,6 +19,8 @@ class LlamaCpp:
     name = "llama.cpp"
     methods = tuple(_SPEC_TYPE)
     loads_gguf = True
+    module = None  # an executable, not a Python module
+    distributions = ()
     metrics_prefix = "llamacpp:"
 
     def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:
@@ -41,7 +43,11 @@ class LlamaCpp:
         n_max = "--spec-draft-n-max" if help_text is None or _has(help_text, "--spec-draft-n-max") else "--draft-max"
         args = ["--spec-type", _SPEC_TYPE[speculation.method], n_max, str(speculation.gamma)]
         if speculation.method == "ngram":
-            # ngram-simple looks up the last N tokens (N: the longest n-gram) and drafts up to M tokens
+            # ngram-simple looks up the last N tokens (N: the longest n-gram) and drafts the M tokens after their
+            # previous occurrence; measured on 11434: with M < N it drafts nothing at all, silently
+            if speculation.ngram_max is not None and speculation.gamma < speculation.ngram_max:
+                raise EngineError(f"llama.cpp's ngram-simple drafts nothing when gamma ({speculation.gamma}) is below "
+                                  f"the n-gram size ngram_max ({speculation.ngram_max}); use gamma >= ngram_max")
             args += ["--spec-ngram-simple-size-n", str(speculation.ngram_max),
                      "--spec-ngram-simple-size-m", str(speculation.gamma)]
         elif speculation.draft_model is not None:

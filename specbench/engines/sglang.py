@@ -14,6 +14,8 @@ class Sglang:
     name = "sglang"
     methods = tuple(_ALGORITHM)
     loads_gguf = False
+    module = "sglang"  # run as `python -m`, by the Python that has it
+    distributions = ("sglang",)  # the package names it is installed under
     metrics_prefix = "sglang:"
 
     def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:

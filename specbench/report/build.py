@@ -18,6 +18,8 @@ class RunReport:
     points: pd.DataFrame  # the run's points after --filter (all columns; plots read these)
     table: pd.DataFrame  # tables.TABLE_COLUMNS, sorted, --top per temperature
     categories: pd.DataFrame  # tables.category_speedups of the filtered points
+    # tables.concurrency_speedups of the configurations shown (empty for a run at one concurrency level)
+    concurrency: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=tables.CONCURRENCY_COLUMNS))
     studies: list[StudyReport] = field(default_factory=list)  # a tune's studies (empty for a plain sweep)
 
     @property
@@ -71,6 +73,7 @@ def build_report(paths: list[str | Path], *, filters: list[str] = (), sort: str 
         reports.append(RunReport(
             run=run, points=points, table=table,
             categories=categories[categories["point_id"].isin(set(table["point_id"]))],  # --top cuts them too
+            concurrency=_shown_configurations(tables.concurrency_speedups(points), table),
             studies=study_reports(run.tune, parsed) if run.tune is not None else [],
         ))
     comparison = None
@@ -78,6 +81,14 @@ def build_report(paths: list[str | Path], *, filters: list[str] = (), sort: str 
         first, second = reports
         comparison = tables.compare_runs(first.points, second.points, name_a=first.run.name, name_b=second.run.name)
     return Report(runs=reports, skipped=skipped, comparison=comparison, sort=sort, filters=parsed, top=top)
+
+
+def _shown_configurations(speedups: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """Every level of the configurations --top kept at some level and of the best at each level (decided
+    before the cut, as in the point table), and the baselines."""
+    kept = speedups["point_id"].isin(set(table["point_id"])) | speedups["best"]
+    shown = set(speedups.loc[kept, "configuration"])
+    return speedups[speedups["configuration"].isin(shown) | (speedups["method"] == "baseline")]
 
 
 def run_summary(run: Run) -> str:

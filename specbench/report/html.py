@@ -81,6 +81,12 @@ def _run_section(run_report: RunReport) -> list[str]:
                    zip(group["best"], group["status"])]
         section += [f"<h3>{escape(tables.group_title(temperature, top_p))}</h3>",
                     _table(tables.display_points(group), row_classes=classes)]
+    for (temperature, top_p), group in run_report.concurrency.groupby(["temperature", "top_p"], sort=True):
+        display = tables.display_concurrency(group)
+        section += [f"<h3>{escape(tables.concurrency_title(temperature, top_p))}</h3>",
+                    _table(display, row_classes=[""] * (len(display) - 1) + ["best"])]
+    if len(run_report.concurrency):
+        section.append(f'<p class="meta">{escape(tables.CONCURRENCY_NOTE)}</p>')
     if len(run_report.failed):
         section += ["<h3>Failed points</h3>", "<ul>"]
         section += [f"<li><code>{escape(row['point_id'])}</code>: {escape(str(row['error']))}</li>"

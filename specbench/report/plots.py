@@ -28,6 +28,7 @@ def all_plots(points: pd.DataFrame, categories: pd.DataFrame) -> list[Plot | tup
     """Every plot in report order; a (title, why not drawn) pair where there was nothing to draw."""
     makers = [
         ("Speedup vs gamma", lambda: speedup_vs_gamma(points), "no speculative point ran"),
+        *_concurrency_makers(points),
         ("Acceptance by draft position", lambda: acceptance_by_position(points),
          "no per-position draft counts (the hf backend does not record them)"),
         ("Measured vs predicted speedup", lambda: measured_vs_predicted(points),
@@ -37,6 +38,18 @@ def all_plots(points: pd.DataFrame, categories: pd.DataFrame) -> list[Plot | tup
         ("Throughput vs peak memory", lambda: throughput_vs_memory(points), "no tokens/s and peak memory recorded"),
     ]
     return _drawn(makers)
+
+
+def concurrency_plots(points: pd.DataFrame) -> list[Plot | tuple[str, str]]:
+    """Speedup vs concurrency, or why not drawn, for a run at several concurrency levels; nothing at one level."""
+    return _drawn(_concurrency_makers(points))
+
+
+def _concurrency_makers(points: pd.DataFrame) -> list:
+    if len(tables.concurrency_levels(points)) < 2:
+        return []
+    return [("Speedup vs concurrency", lambda: speedup_vs_concurrency(points),
+             "no trusted speculative point has a speedup")]
 
 
 def tune_plots(studies: list[StudyReport]) -> list[Plot | tuple[str, str]]:
@@ -138,6 +151,42 @@ def speedup_vs_gamma(points: pd.DataFrame) -> Plot | None:
         ax.legend(fontsize="small")
     return _plot(figure, "Speedup vs gamma",
                  "Speedup over the baseline per draft; bands are the 95 % bootstrap CIs; dashed: the baseline.")
+
+
+def speedup_vs_concurrency(points: pd.DataFrame) -> Plot | None:
+    figure = concurrency_figure(points)
+    return None if figure is None else _plot(
+        figure, "Speedup vs concurrency",
+        "Speedup over the baseline at the same concurrency, per draft and gamma; bands are the 95 % bootstrap CIs; "
+        "dashed: the baseline. Unstable points are drawn (the tables label them); failed and mismatched are not.")
+
+
+def concurrency_figure(points: pd.DataFrame) -> Figure | None:
+    """x: requests in flight (log2, a tick per level), y: speedup; a line per configuration, a panel per
+    temperature and top_p."""
+    speedups = tables.concurrency_speedups(points)
+    data = speedups[speedups["status"].isin(["ok", "unstable"]) & (speedups["method"] != "baseline")]
+    data = data.dropna(subset=["speedup"])
+    if not len(data):
+        return None
+    ticks = tables.concurrency_levels(points)
+    groups = list(data.groupby(["temperature", "top_p"], sort=True))
+    figure, axes = _panels(len(groups))
+    for ax, ((temperature, top_p), group) in zip(axes, groups):
+        for name, line in group.groupby("configuration", sort=False):
+            (drawn,) = ax.plot(line["concurrency"], line["speedup"], marker="o", label=name)
+            band = line.dropna(subset=["speedup_ci_low", "speedup_ci_high"])
+            if len(band):
+                ax.fill_between(band["concurrency"], band["speedup_ci_low"].astype(float),
+                                band["speedup_ci_high"].astype(float), color=drawn.get_color(), alpha=0.2, linewidth=0)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="baseline")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(level) for level in ticks])
+        ax.set_xticks([], minor=True)
+        ax.set(title=tables.group_title(temperature, top_p), xlabel="concurrency (requests in flight)",
+               ylabel="speedup")
+        ax.legend(fontsize="small")
+    return figure
 
 
 def acceptance_by_position(points: pd.DataFrame) -> Plot | None:

@@ -1,8 +1,9 @@
 """The report's tables as plain DataFrames, shared by every format: filtered and sorted point tables,
-speedup per workload category, the comparison of two runs, the Pareto front, per-position acceptance.
+speedup per workload category, speedup against concurrency, the comparison of two runs, the Pareto front,
+per-position acceptance.
 
-Nothing here formats for a screen except `display_points`, which turns numbers into the strings every
-text format shows.
+Nothing here formats for a screen except `display_points` and `display_concurrency`, which turn numbers into
+the strings every text format shows.
 """
 
 from __future__ import annotations
@@ -100,12 +101,24 @@ def status_labels(points: pd.DataFrame) -> pd.Series:
     return pd.Series(labels, index=points.index)
 
 
+def levels(points: pd.DataFrame) -> pd.Series:
+    """Each point's concurrency (requests in flight); files written before the axis ran one at a time."""
+    if "concurrency" not in points:
+        return pd.Series(1, index=points.index, dtype=int)
+    return points["concurrency"].fillna(1).astype(int)
+
+
+def concurrency_levels(points: pd.DataFrame) -> list[int]:
+    return sorted(set(levels(points)))
+
+
 def best_point_ids(points: pd.DataFrame) -> set[str]:
-    """Per temperature and top_p: the highest speedup among points that ran and whose greedy outputs
-    match (the baseline itself when nothing beats it; the baseline wins exact ties)."""
+    """Per temperature, top_p and concurrency (speedups at two levels are against two baselines): the highest
+    speedup among points that ran and whose greedy outputs match (the baseline itself when nothing beats it;
+    the baseline wins exact ties)."""
     trusted = points[(status_labels(points) == "ok") & points["speedup"].notna()]
     best = set()
-    for _, group in trusted.groupby(["temperature", "top_p"]):
+    for _, group in trusted.assign(concurrency=levels(trusted)).groupby(["temperature", "top_p", "concurrency"]):
         ranked = group.assign(_not_baseline=group["method"] != "baseline").sort_values(
             ["speedup", "_not_baseline", "point_id"], ascending=[False, True, True])
         best.add(ranked.iloc[0]["point_id"])
@@ -173,7 +186,7 @@ def category_speedups(points: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFr
     sums["tokens_per_s"] = sums["output_tokens"] / (sums["e2e_ms"] / 1e3)
     ran = trusted(points)
     ran = ran[ran["method"] != "baseline"]
-    ran = ran.assign(concurrency=ran["concurrency"].fillna(1).astype(int) if "concurrency" in ran else 1)
+    ran = ran.assign(concurrency=levels(ran))
     frame = ran[["point_id", "temperature", "top_p", "concurrency"]].merge(
         sums[["point_id", "category", "tokens_per_s"]], on="point_id")
     frame["baseline_id"] = [results.baseline_point_id(t, p, concurrency=c)
@@ -194,43 +207,116 @@ def category_matrix(categories: pd.DataFrame) -> pd.DataFrame:
     return matrix.loc[order, sorted(matrix.columns)].rename_axis(index="point", columns=None)
 
 
+# --- speedup against concurrency ----------------------------------------------------------------
+
+CONCURRENCY_COLUMNS = ("temperature", "top_p", "configuration", "method", "concurrency", "point_id", "speedup",
+                       "speedup_ci_low", "speedup_ci_high", "acceptance_rate", "status", "best")
+
+CONCURRENCY_NOTE = ("Speedup over the baseline at the same concurrency [95 % CI], and the acceptance rate; best: "
+                    "the fastest point at each level whose timing and outputs are trusted (the baseline when "
+                    "nothing beats it).")
+
+
+def configuration(row: dict) -> str:
+    """A point without its temperature and load: `close g=4`, `ngram n=3 g=2` (n-gram drafts: the longest
+    n-gram matched), `baseline`."""
+    if row["method"] == "baseline":
+        return "baseline"
+    ngram = "" if _missing(row.get("ngram_max")) else f" n={int(row['ngram_max'])}"
+    gamma = "" if _missing(row["gamma"]) else f" g={int(row['gamma'])}"
+    return f"{row['draft']}{ngram}{gamma}"
+
+
+def concurrency_speedups(points: pd.DataFrame) -> pd.DataFrame:
+    """CONCURRENCY_COLUMNS, one row per point (the baselines too) of a run at more than one concurrency level,
+    by temperature, top_p, draft, n-gram length, gamma and level; empty for a run at one level. The speedup is
+    against the baseline at the same temperature, top_p and concurrency; best: the fastest trusted point at
+    its level (best_point_ids)."""
+    if len(concurrency_levels(points)) < 2:
+        return pd.DataFrame(columns=CONCURRENCY_COLUMNS)
+    ngram_max = points["ngram_max"] if "ngram_max" in points else pd.Series(pd.NA, index=points.index)
+    frame = points.assign(configuration=[configuration(row) for row in points.to_dict("records")],
+                          concurrency=levels(points), status=status_labels(points),
+                          best=points["point_id"].isin(best_point_ids(points)), ngram_max=ngram_max,
+                          is_speculative=points["method"] != "baseline")
+    frame = frame.sort_values(["temperature", "top_p", "is_speculative", "draft", "ngram_max", "gamma", "concurrency"],
+                              na_position="first", kind="stable")
+    return frame[list(CONCURRENCY_COLUMNS)].reset_index(drop=True)
+
+
+def display_concurrency(group: pd.DataFrame, *, sep: str = " ") -> pd.DataFrame:
+    """One temperature's concurrency_speedups as strings: a row per speculative configuration, a column per
+    level, and a last row naming the best configuration at each level ("-" where no point is trusted). `sep`
+    goes before a cell's acceptance ("\n" in a terminal: two narrow lines)."""
+    columns = sorted(group["concurrency"].unique())
+    speculative = group[group["method"] != "baseline"]
+    rows = []
+    for name, cells in speculative.groupby("configuration", sort=False):
+        by_level = {row["concurrency"]: concurrency_cell(row, sep=sep) for row in cells.to_dict("records")}
+        rows.append([name, *(by_level.get(level, "-") for level in columns)])
+    best = group[group["best"]]
+    best_by_level = dict(zip(best["concurrency"], best["configuration"]))
+    rows.append(["best", *(best_by_level.get(level, "-") for level in columns)])
+    return pd.DataFrame(rows, columns=["configuration", *(f"concurrency {level}" for level in columns)])
+
+
+def concurrency_cell(row: dict, *, sep: str = " ") -> str:
+    """`1.12× [1.05, 1.19] accept 80%`, `... (unstable)`; `failed` and `mismatch` (a speed that means
+    nothing) without numbers."""
+    if row["status"] in ("failed", "mismatch"):
+        return row["status"]
+    speedup = fmt(row["speedup"], ".2f", "×")
+    if not _missing(row["speedup_ci_low"]) and not _missing(row["speedup_ci_high"]):
+        speedup += f" [{row['speedup_ci_low']:.2f}, {row['speedup_ci_high']:.2f}]"
+    notes = [f"accept {row['acceptance_rate']:.0%}" if not _missing(row["acceptance_rate"]) else "",
+             "(unstable)" if row["status"] == "unstable" else ""]
+    notes = " ".join(note for note in notes if note)
+    return speedup + (sep + notes if notes else "")
+
+
+def concurrency_title(temperature: float, top_p: float) -> str:
+    return f"Speedup by concurrency, {group_title(temperature, top_p)}"
+
+
 # --- two runs ------------------------------------------------------------------------------------
 
 
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame, *, name_a: str, name_b: str) -> pd.DataFrame:
-    """Per point_id: the speedups of run a and run b, the change (b - a), whether the 95 % CIs
-    overlap, and a verdict for b against a: faster / slower (CIs apart), no clear change (CIs
-    overlap), no CI, failed or mismatch in a run, only in a run."""
-    a = a.assign(label=status_labels(a)).set_index("point_id")
-    b = b.assign(label=status_labels(b)).set_index("point_id")
+    """Per point_id and concurrency (a point is only ever compared with the same point at the same level:
+    their speedups are against that level's baselines): the speedups of run a and run b, the change (b - a),
+    whether the 95 % CIs overlap, and a verdict for b against a: faster / slower (CIs apart), no clear change
+    (CIs overlap), no CI, failed or mismatch in a run, only in a run. Rows by level, then as in a, then b."""
+    a = a.assign(label=status_labels(a), concurrency=levels(a)).set_index(["point_id", "concurrency"])
+    b = b.assign(label=status_labels(b), concurrency=levels(b)).set_index(["point_id", "concurrency"])
     rows = []
-    for point_id in list(a.index) + [p for p in b.index if p not in a.index]:
-        row = {"point_id": point_id}
+    for key in list(a.index) + [k for k in b.index if k not in a.index]:
+        row = {"point_id": key[0], "concurrency": key[1]}
         for side, frame in (("a", a), ("b", b)):
-            present = point_id in frame.index
+            present = key in frame.index
             for column in ("speedup", "speedup_ci_low", "speedup_ci_high"):
-                row[f"{column}_{side}"] = frame.at[point_id, column] if present else np.nan
+                row[f"{column}_{side}"] = frame.at[key, column] if present else np.nan
         row["change"] = row["speedup_b"] - row["speedup_a"]
-        row["cis_overlap"], row["verdict"] = _verdict(point_id, a, b, row, name_a=name_a, name_b=name_b)
+        row["cis_overlap"], row["verdict"] = _verdict(key, a, b, row, name_a=name_a, name_b=name_b)
         rows.append(row)
-    columns = ["point_id", "speedup_a", "speedup_ci_low_a", "speedup_ci_high_a", "speedup_b", "speedup_ci_low_b",
-               "speedup_ci_high_b", "change", "cis_overlap", "verdict"]
+    columns = ["point_id", "concurrency", "speedup_a", "speedup_ci_low_a", "speedup_ci_high_a", "speedup_b",
+               "speedup_ci_low_b", "speedup_ci_high_b", "change", "cis_overlap", "verdict"]
     frame = pd.DataFrame(rows, columns=columns)
     frame["cis_overlap"] = frame["cis_overlap"].astype("boolean")
-    numeric = [c for c in columns if c not in ("point_id", "cis_overlap", "verdict")]
+    frame["concurrency"] = frame["concurrency"].astype("Int64")
+    numeric = [c for c in columns if c not in ("point_id", "concurrency", "cis_overlap", "verdict")]
     frame[numeric] = frame[numeric].astype("float64")
-    return frame
+    return frame.sort_values("concurrency", kind="stable").reset_index(drop=True)
 
 
-def _verdict(point_id: str, a: pd.DataFrame, b: pd.DataFrame, row: dict, *, name_a: str,
+def _verdict(key: tuple[str, int], a: pd.DataFrame, b: pd.DataFrame, row: dict, *, name_a: str,
              name_b: str) -> tuple[bool | None, str]:
-    if point_id not in b.index:
+    if key not in b.index:
         return None, f"only in {name_a}"
-    if point_id not in a.index:
+    if key not in a.index:
         return None, f"only in {name_b}"
     for name, frame in ((name_a, a), (name_b, b)):
-        if frame.at[point_id, "label"] != "ok":
-            return None, f"{frame.at[point_id, 'label']} in {name}"
+        if frame.at[key, "label"] != "ok":
+            return None, f"{frame.at[key, 'label']} in {name}"
     bounds = [row[f"speedup_ci_{end}_{side}"] for side in ("a", "b") for end in ("low", "high")]
     if any(_missing(value) for value in bounds):
         return None, "no CI"

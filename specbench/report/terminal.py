@@ -34,8 +34,17 @@ def _print_run(console: Console, run_report: RunReport) -> None:
     for (temperature, top_p), group in run_report.table.groupby(["temperature", "top_p"], sort=True):
         styles = ["bold green" if best else STATUS_STYLE.get(status) for best, status in
                   zip(group["best"], group["status"])]
-        title = f"{tables.group_title(temperature, top_p)}  (best in bold green)"
+        best = "best per concurrency level" if len(run_report.concurrency) else "best"
+        title = f"{tables.group_title(temperature, top_p)}  ({best} in bold green)"
         console.print(_table(tables.display_points(group), title=title, row_styles=styles))
+    for (temperature, top_p), group in run_report.concurrency.groupby(["temperature", "top_p"], sort=True):
+        display = tables.display_concurrency(group, sep="\n")  # acceptance below the speedup: narrow columns
+        styles = [None] * (len(display) - 1) + ["bold green"]  # the last row: the best at each level
+        title = tables.concurrency_title(temperature, top_p)
+        for part, columns in enumerate(_column_chunks(display, width=console.width)):
+            console.print(_table(display[columns], title=title + (" (continued)" if part else ""), row_styles=styles))
+    if len(run_report.concurrency):
+        console.print(f"[dim]{escape(tables.CONCURRENCY_NOTE)}[/dim]", soft_wrap=True)
     for row in run_report.failed.to_dict("records"):
         console.print(f"[red]failed[/red] {escape(row['point_id'])}: {escape(str(row['error']))}", soft_wrap=True)
     for row in run_report.mismatched:
@@ -58,13 +67,29 @@ def _print_run(console: Console, run_report: RunReport) -> None:
             console.print(f"[dim]{escape(study.not_run_line)}[/dim]", soft_wrap=True)
 
 
+def _column_chunks(frame: pd.DataFrame, *, width: int) -> list[list[str]]:
+    """The first column with as many of the next as fit `width`, then with the rest: a table with many
+    concurrency levels is split rather than cut off."""
+    widths = {column: _width(frame[column]) + 2 for column in frame.columns}
+    first, *rest = frame.columns
+    chunks: list[list[str]] = [[]]
+    for column in rest:
+        if chunks[-1] and widths[first] + sum(widths[c] for c in chunks[-1]) + widths[column] > width:
+            chunks.append([])
+        chunks[-1].append(column)
+    return [[first, *chunk] for chunk in chunks]
+
+
+def _width(values: pd.Series) -> int:
+    return max([len(line) for value in values for line in str(value).splitlines()] + [1])
+
+
 def _table(frame: pd.DataFrame, *, title: str, row_styles: list[str | None] | None = None) -> Table:
     """Compact (no vertical rules) so a point table fits 120 columns; values never wrap, headers may."""
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
                   pad_edge=False)
     for index, column in enumerate(frame.columns):
-        width = max([len(str(value)) for value in frame[column]] + [1])
-        table.add_column(str(column), justify="left" if index == 0 else "right", min_width=width)
+        table.add_column(str(column), justify="left" if index == 0 else "right", min_width=_width(frame[column]))
     for style, row in zip(row_styles or [None] * len(frame), frame.itertuples(index=False)):
         table.add_row(*(escape(str(value)) for value in row), style=style)
     return table

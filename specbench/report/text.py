@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -76,6 +77,7 @@ def _run_markdown(run_report: RunReport) -> list[str]:
         display["status"] = display["status"].replace({"mismatch": "**MISMATCH**", "failed": "**failed**",
                                                        "unstable": "**unstable**"})
         lines += [f"### {tables.group_title(temperature, top_p)}", ""] + markdown_table(display) + [""]
+    lines += _concurrency_markdown(run_report)
     if len(run_report.failed):
         lines += ["Failed points:", ""]
         lines += [f"- `{row['point_id']}`: {_cell(str(row['error']))}" for row in run_report.failed.to_dict("records")]
@@ -90,6 +92,28 @@ def _run_markdown(run_report: RunReport) -> list[str]:
         lines += markdown_table(display_matrix(matrix)) + [""]
     for study in run_report.studies:
         lines += _study_markdown(study)
+    return lines
+
+
+def _concurrency_markdown(run_report: RunReport) -> list[str]:
+    """Speedup against concurrency, a table per temperature and the plot; nothing for a run at one level."""
+    if not len(run_report.concurrency):
+        return []
+    lines = []
+    for (temperature, top_p), group in run_report.concurrency.groupby(["temperature", "top_p"], sort=True):
+        display = tables.display_concurrency(group)
+        display.iloc[-1] = [f"**{cell}**" for cell in display.iloc[-1]]  # the best at each level
+        lines += [f"### {tables.concurrency_title(temperature, top_p)}", ""] + markdown_table(display) + [""]
+    lines += [tables.CONCURRENCY_NOTE, ""]
+    from specbench.report import plots  # matplotlib loads only when there is a plot to draw
+
+    for plot in plots.concurrency_plots(run_report.points):
+        if isinstance(plot, tuple):
+            title, reason = plot
+            lines += [f"### {title}", "", f"_{reason}_", ""]
+        else:  # inline, as in the HTML: renderers that allow data URIs show it (GitHub's does not)
+            data = base64.b64encode(plot.png).decode("ascii")
+            lines += [f"### {plot.title}", "", f"![{plot.title}](data:image/png;base64,{data})", "", plot.caption, ""]
     return lines
 
 
@@ -123,6 +147,7 @@ def display_matrix(matrix: pd.DataFrame) -> pd.DataFrame:
 
 
 def display_comparison(comparison: pd.DataFrame, name_a: str, name_b: str) -> pd.DataFrame:
+    """One row per compared point; a concurrency column after the point when the runs have several levels."""
     rows = [(
         row["point_id"],
         tables.fmt(row["speedup_a"], ".2f", "x"),
@@ -132,8 +157,11 @@ def display_comparison(comparison: pd.DataFrame, name_a: str, name_b: str) -> pd
         tables.fmt(row["change"], "+.2f"),
         row["verdict"],
     ) for row in comparison.to_dict("records")]
-    return pd.DataFrame(rows, columns=["point", f"speedup {name_a}", f"95% CI {name_a}", f"speedup {name_b}",
-                                       f"95% CI {name_b}", "change", "verdict"])
+    shown = pd.DataFrame(rows, columns=["point", f"speedup {name_a}", f"95% CI {name_a}", f"speedup {name_b}",
+                                        f"95% CI {name_b}", "change", "verdict"])
+    if comparison["concurrency"].nunique() > 1:
+        shown.insert(1, "concurrency", [str(level) for level in comparison["concurrency"]])
+    return shown
 
 
 # --- csv and json --------------------------------------------------------------------------------

