@@ -18,8 +18,8 @@ from specbench import stats
 from specbench.cli import app
 from specbench.tune import TuneSettings, parse_objective, tune
 from specbench.tune import evaluate
-from specbench.tune.propose import MAX_DUPLICATES_IN_A_ROW, Proposal, next_queued
-from specbench.tune.space import space_from_profile
+from specbench.tune.propose import Proposal, propose
+from specbench.tune.space import Config, space_from_profile
 from specbench.tune.warmstart import Calibration, predicted_speedup, verify_ms
 from tiny import WORDS, tiny_profile, write_model_folder, write_project
 
@@ -63,7 +63,7 @@ def test_tune_on_tiny_models_and_the_recommendation_runs_under_specbench_run(pro
     recommendation = json.loads((out / "recommendation.json").read_text())
     choice = recommendation["temperatures"][0]
     assert choice["evaluations"] <= 5 and choice["trials"] == 5
-    assert set(choice["engine_settings"]) == {"vllm", "transformers", "llama_cpp", "notes"}
+    assert set(choice["engine_settings"]) == {"vllm", "sglang", "llama_cpp", "request", "transformers", "notes"}
     profile = tomllib.loads((out / "recommendation.toml").read_text())
     assert profile["name"] == "tiny-recommended"
     if choice["speculate"]:
@@ -150,7 +150,7 @@ def test_the_warm_start_weights_the_timed_verify_cost_by_how_many_tokens_were_dr
     assert Calibration.from_dict(calibration.as_dict()) == calibration
 
 
-def test_the_queue_proposes_calibration_then_warm_start_then_an_unclaimed_point_once_the_sampler_converged():
+def test_the_queue_proposes_calibration_then_warm_start_then_the_sampler_then_the_nearest_untried_point():
     space = space_from_profile(evaluate.Replay(GRID).profile, tune_ngram=False)
     study = optuna.create_study(direction="maximize")
     distributions = {"draft": optuna.distributions.CategoricalDistribution([d.name for d in space.drafts]),
@@ -161,25 +161,27 @@ def test_the_queue_proposes_calibration_then_warm_start_then_an_unclaimed_point_
                                                   value=1.0 if state.name == "COMPLETE" else None,
                                                   user_attrs={"role": role}))
 
-    def proposed():
-        return next_queued(study, len(study.trials), space=space, seed=0)
+    def proposed(sampled=Config("large", 2)):
+        return propose(study, space=space, sampled=lambda: sampled)
 
     for config in space.calibration_configs():  # one per draft at the largest gamma, each until a trial holds it
         assert proposed() == Proposal(space.params(config), {"role": "calibration"})
         add(space.params(config), role="calibration")
-    assert proposed() is None  # no warm start yet: the sampler proposes
+    assert proposed() == Proposal({"draft": "large", "gamma": 2}, {"role": "search"})  # no warm start yet: TPE
     study.set_user_attr("warm_start", {"predictions": [], "queued": [[{"draft": "small", "gamma": 4}, 1.8],
                                                                      [{"draft": "small", "gamma": 3}, 1.7]]})
     add({"draft": "small", "gamma": 4}, role="search")  # held by another worker's trial already
     assert proposed() == Proposal({"draft": "small", "gamma": 3}, {"role": "warm_start", "predicted_speedup": 1.7})
     add({"draft": "small", "gamma": 3}, role="warm_start")
-    assert proposed() is None
-    for _ in range(MAX_DUPLICATES_IN_A_ROW):
-        add({"draft": "small", "gamma": 3}, role="duplicate", state=optuna.trial.TrialState.FAIL)
-    held = {tuple(sorted(t.params.items())) for t in study.trials}
-    unclaimed = proposed()
-    assert unclaimed.attrs == {"role": "search"} and tuple(sorted(unclaimed.params.items())) not in held
-    assert proposed() == unclaimed  # seeded
+    # what the sampler proposes is held: the untried configuration nearest to it (small g3 is held too)
+    assert proposed(Config("small", 4)) == Proposal({"draft": "small", "gamma": 5},
+                                                    {"role": "search", "sampled": {"draft": "small", "gamma": 4},
+                                                     "sampled_held_by": 3})
+    for gamma in range(1, 13):
+        if gamma not in (3, 4, 12):
+            add({"draft": "small", "gamma": gamma}, role="search")
+    nearest = proposed(Config("small", 4))  # every gamma of the draft is held: the next draft, the same gamma
+    assert nearest.params == {"draft": "large", "gamma": 4} and nearest.attrs["sampled_held_by"] == 3
 
 
 def test_the_smaller_gamma_wins_a_near_tie():

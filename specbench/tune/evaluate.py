@@ -50,6 +50,7 @@ class Evaluator(Protocol):
     def run(self, spec: PointSpec, after_batch: AfterBatch) -> Outcome: ...
     def context(self, spec: PointSpec) -> dict[str, Any]: ...
     def verify_costs(self, max_tokens: int) -> tuple[float, ...]: ...
+    def close(self) -> None: ...
 
 
 class Live:
@@ -89,6 +90,16 @@ class Live:
         cannot: the warm start then interpolates)."""
         return self.ctx.session.verify_costs(max_tokens)
 
+    def close(self) -> None:
+        """Record in the manifest what this worker's session launched (a server backend's launches, so what
+        tune recommends can be checked against what ran), then stop it (a launched server with it)."""
+        try:
+            points, _ = self.files.read()
+            if points is not None:
+                self.files.finish(points, self.ctx)
+        finally:
+            self.ctx.session.close()
+
 
 class Replay:
     def __init__(self, folder: Path):
@@ -126,6 +137,9 @@ class Replay:
 
     def verify_costs(self, max_tokens: int) -> tuple[float, ...]:
         return ()  # nothing to time: the warm start interpolates the recorded verify times
+
+    def close(self) -> None:
+        pass
 
     def context(self, spec: PointSpec) -> dict[str, Any]:
         row = self._point(spec)

@@ -13,17 +13,18 @@ from specbench import results
 from specbench.profile import dump_profile, profile_from_dict
 from specbench.scaleout.storage import masked
 from specbench.tune.plan import RECOMMENDATION_JSON, RECOMMENDATION_TOML, TRIALS_FILE, Plan, TuneResult
-from specbench.tune.recommend import choose, engine_settings
+from specbench.tune.recommend import choose, engine_settings, llama_cpp_binary, read_help
+from specbench.tune.space import SearchSpace
 
 _TRIAL_COLUMNS = [
     "study", "number", "state", "role", "point_id", "draft", "gamma", "ngram_max", "temperature", "top_p",
     "value", "values", "noise", "repeat_values", "feasible", "constraint_values", "evaluated", "predicted_speedup",
-    "warm_start_prediction", "prompts_measured", "duplicate_of", "trial_error", "worker", "datetime_start",
-    "datetime_complete",
+    "warm_start_prediction", "prompts_measured", "sampled_point_id", "sampled_held_by", "duplicate_of", "trial_error",
+    "worker", "datetime_start", "datetime_complete",
 ]
 
 
-def trial_rows(study: optuna.Study, *, temperature: float, top_p: float) -> list[dict[str, Any]]:
+def trial_rows(study: optuna.Study, *, space: SearchSpace, temperature: float, top_p: float) -> list[dict[str, Any]]:
     predictions = {tuple(sorted(p.items())): v for p, v in study.user_attrs.get("warm_start", {}).get("predictions", [])}
     rows = []
     for trial in study.get_trials(deepcopy=False):
@@ -43,6 +44,10 @@ def trial_rows(study: optuna.Study, *, temperature: float, top_p: float) -> list
             "predicted_speedup": metrics.get("predicted_speedup"),  # from the trial's own measurements
             "warm_start_prediction": predictions.get(tuple(sorted(trial.params.items()))),  # from the calibration
             "prompts_measured": max(intermediate) if intermediate else None,
+            # what TPE proposed when the trial ran the untried configuration nearest to it instead
+            "sampled_point_id": space.point(space.config(attrs["sampled"]), temperature=temperature,
+                                            top_p=top_p).point_id if "sampled" in attrs else None,
+            "sampled_held_by": attrs.get("sampled_held_by"),
             "duplicate_of": attrs.get("duplicate_of"), "trial_error": attrs.get("error"), "worker": attrs.get("worker"),
             "datetime_start": trial.datetime_start, "datetime_complete": trial.datetime_complete,
         }
@@ -57,7 +62,8 @@ def trials_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=columns)
     dtypes = {k: v for k, v in results.POINT_DTYPES.items() if k in frame.columns}
     dtypes.update({"number": "Int64", "gamma": "Int64", "ngram_max": "Int64", "value": "float64", "noise": "float64",
-                   "prompts_measured": "Int64", "duplicate_of": "Int64", "feasible": "boolean", "evaluated": "boolean",
+                   "prompts_measured": "Int64", "sampled_held_by": "Int64",
+                   "duplicate_of": "Int64", "sampled_point_id": "string", "feasible": "boolean", "evaluated": "boolean",
                    "predicted_speedup": "float64", "warm_start_prediction": "float64", "study": "string",
                    "state": "string", "role": "string", "trial_error": "string", "worker": "string"})
     return frame.astype(dtypes)
@@ -65,16 +71,21 @@ def trials_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 def write(plan: Plan, studies: dict[str, optuna.Study]) -> TuneResult:
     all_rows, choices = [], []
+    binary = llama_cpp_binary(plan.profile)
+    engines = {"llama_cpp_binary": binary, "llama_cpp_help": read_help(binary)}  # its flag names, where it is known
     for group in plan.groups:
-        rows = trial_rows(studies[group.study], temperature=group.temperature, top_p=group.top_p)
+        rows = trial_rows(studies[group.study], space=plan.space, temperature=group.temperature, top_p=group.top_p)
         all_rows += rows
-        choices.append(_recommendation(plan, group, rows))
+        choices.append(_recommendation(plan, group, rows, engines=engines))
     recommendation = {
         "objective": {"name": plan.settings.objective.name, "columns": list(plan.settings.objective.columns),
                       "directions": list(plan.settings.objective.directions)},
         "constraints": {"max_peak_memory_mb": plan.settings.constraints.max_peak_memory_mb,
                         "min_acceptance_rate": plan.settings.constraints.min_acceptance_rate},
         "tolerance": plan.settings.tolerance, "seed": plan.settings.seed, "storage": masked(plan.storage_url),
+        # the analytic warm start: how many predicted-best configurations follow the calibration, or why none
+        "warm_start": {"configurations": plan.settings.warm_start, "available": plan.warm_start_unavailable is None,
+                       "reason": plan.warm_start_unavailable},
         "replay": str(plan.replay) if plan.replay else None, "profile": plan.profile.name,
         "target": plan.profile.target.model, "search_space": plan.space.describe(),
         "space_size": len(plan.space.configs()), "temperatures": choices,
@@ -88,21 +99,23 @@ def write(plan: Plan, studies: dict[str, optuna.Study]) -> TuneResult:
     return TuneResult(plan.out_dir, frame, recommendation, profile_toml)
 
 
-def _recommendation(plan: Plan, group, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _recommendation(plan: Plan, group, rows: list[dict[str, Any]], *, engines: dict[str, Any]) -> dict[str, Any]:
     objective = plan.settings.objective
     finished = [r for r in rows if r["state"] in ("COMPLETE", "PRUNED")]
     evaluated = {r["point_id"] for r in rows if r["evaluated"]}
+    held = {r["point_id"] for r in rows if r["state"] in ("COMPLETE", "PRUNED") or r["trial_error"] is not None}
     chosen, front = choose(rows, objective=objective, tolerance=plan.settings.tolerance)
     speculate = chosen is not None and _measurably_faster(chosen)
     entry: dict[str, Any] = {
         "temperature": group.temperature, "top_p": group.top_p, "study": group.study,
         "trials": len(finished), "evaluations": len(evaluated),
+        "space_exhausted": len(held) >= len(plan.space.configs()),  # every configuration has a trial: none left
         "speculate": speculate,
     }
     if chosen is None:
         entry["reason"] = "no completed trial satisfies the constraints"
         entry["engine_settings"] = engine_settings(None, target=plan.profile.target.model,
-                                                   temperature=group.temperature, top_p=group.top_p)
+                                                   temperature=group.temperature, top_p=group.top_p, **engines)
         return entry
     entry.update({
         "trial": chosen["number"], "point_id": chosen["point_id"], "method": chosen["method"], "draft": chosen["draft"],
@@ -123,7 +136,7 @@ def _recommendation(plan: Plan, group, rows: list[dict[str, Any]]) -> dict[str, 
         entry["pareto_front"] = [{k: r[k] for k in ("number", "point_id", "gamma", "tokens_per_s", "peak_memory_mb",
                                                     "speedup")} for r in front]
     entry["engine_settings"] = engine_settings(chosen if speculate else None, target=plan.profile.target.model,
-                                               temperature=group.temperature, top_p=group.top_p)
+                                               temperature=group.temperature, top_p=group.top_p, **engines)
     return entry
 
 

@@ -17,6 +17,7 @@ from specbench.scaleout.storage import (
 )
 from specbench.tune.evaluate import Replay
 from specbench.tune.space import Constraints, Objective, SearchSpace, TuneError, space_from_profile
+from specbench.tune.warmstart import unavailable_with
 
 TRIALS_FILE = "trials.parquet"
 RECOMMENDATION_JSON = "recommendation.json"
@@ -69,6 +70,11 @@ class Plan:
     storage_url: str
     groups: tuple[Group, ...]
     replay: Path | None
+
+    @property
+    def warm_start_unavailable(self) -> str | None:
+        """Why the analytic warm start cannot be computed from this profile's backend, or None."""
+        return unavailable_with(self.profile.backend)
 
     def attrs(self, group: Group) -> dict[str, Any]:
         """Stored with each study; a study is resumed only with the same ones."""

@@ -41,13 +41,17 @@ def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
                          f"(95% CI {fmt(ci[0])}-{fmt(ci[1])}{_prediction(choice)}), "
                          f"{fmt(choice['tokens_per_s'], '.1f')} tok/s, acceptance {fmt(choice['acceptance_rate'], '.0%')}, "
                          f"peak {fmt(choice['peak_memory_mb'], '.0f')} MB")
-            vllm = choice["engine_settings"]["vllm"]["args"]
+            settings = choice["engine_settings"]
+            vllm = settings["vllm"].get("args", [])
             lines.append(f"  vLLM: {escape(' '.join(vllm[:1] + [repr(a) for a in vllm[1:]]))}")
+            if "args" in settings["llama_cpp"]:
+                lines.append(f"  llama.cpp: {escape(' '.join(settings['llama_cpp']['args']))}")
             for r in choice.get("pareto_front", []):
                 lines.append(f"  front: {r['point_id']}  {fmt(r['tokens_per_s'], '.1f')} tok/s, "
                              f"{fmt(r['peak_memory_mb'], '.0f')} MB")
+        exhausted = " (every configuration evaluated)" if choice.get("space_exhausted") else ""
         lines.append(f"  {choice['evaluations']} evaluations, {choice['trials']} trials of "
-                     f"{recommendation['space_size']} configurations")
+                     f"{recommendation['space_size']} configurations{exhausted}")
     title = f"recommendation ({recommendation['objective']['name']})"
     return Panel(Group(*lines), title=title, title_align="left")
 

@@ -1,16 +1,16 @@
 """`specbench tune`: plan the studies, run the search in one or more workers, write what it found.
 
-One study per temperature (and top_p). A worker measures the baseline, then asks for trials: each
-proposes the first point of the queue of `propose` that no trial holds (one calibration point per draft
-at the largest gamma, then the configurations the analytic model predicts best), else what the seeded
-TPE sampler proposes; every proposal goes through the claim rule of `study`, so workers in any number of
-processes and machines share a study with no point run twice (`specbench.scaleout`).
+One study per temperature (and top_p). A worker measures the baseline, then asks for trials: each runs
+the first point of the queue of `propose` that no trial holds (one calibration point per draft at the
+largest gamma, then the configurations the analytic model predicts best), else what the seeded TPE sampler
+proposes, or the untried configuration nearest to it when that one is held already; every trial goes
+through the claim rule of `specbench.scaleout.claims`, so workers in any number of processes and machines
+share a study with no point run twice. A study ends at its trials, or when every configuration is held.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,7 +34,7 @@ from specbench.tune import outputs
 from specbench.tune.evaluate import Evaluator, Live, Pruned, Replay
 from specbench.tune.measure import NotMeasured, measure
 from specbench.tune.plan import Group, Plan, TuneResult, TuneSettings, clear, make_plan
-from specbench.tune.propose import QueueFirst, next_queued, record_warm_start
+from specbench.tune.propose import QueueFirst, record_warm_start
 from specbench.tune.warmstart import calibrate
 
 
@@ -52,6 +52,9 @@ def tune(profile: Profile | None, *, out_dir: Path, settings: TuneSettings, repl
     if settings.fresh:
         clear(plan)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if plan.warm_start_unavailable is not None and settings.warm_start > 0:
+        observer.message(f"warm start: {plan.warm_start_unavailable}; the search starts from TPE after the "
+                         "calibration points")
     if settings.workers == 1:
         work(plan, worker_index=0, observer=observer)
     else:
@@ -69,14 +72,17 @@ def work(plan: Plan, *, worker_index: int, observer: TuneObserver) -> None:
     worker = new_worker_id()
     evaluator = _evaluator(plan, observer)
     storage = open_storage(plan.storage_url)
-    for group in plan.groups:
-        sampler = _sampler(plan, worker_index)
-        study = open_study(storage, group.study, plan.attrs(group), directions=list(plan.settings.objective.directions),
-                           sampler=sampler, pruner=_pruner(plan))
-        fail_stale_trials(study, storage, worker=worker)
-        baseline, baseline_rows = evaluator.baseline(group.temperature, group.top_p)
-        _search(study, storage, group, plan=plan, sampler=sampler, evaluator=evaluator, worker=worker,
-                baseline=baseline, baseline_rows=baseline_rows, observer=observer)
+    try:
+        for group in plan.groups:
+            sampler = _sampler(plan, worker_index)
+            study = open_study(storage, group.study, plan.attrs(group),
+                               directions=list(plan.settings.objective.directions), sampler=sampler, pruner=_pruner(plan))
+            fail_stale_trials(study, storage, worker=worker)
+            baseline, baseline_rows = evaluator.baseline(group.temperature, group.top_p)
+            _search(study, storage, group, plan=plan, sampler=sampler, evaluator=evaluator, worker=worker,
+                    baseline=baseline, baseline_rows=baseline_rows, observer=observer)
+    finally:
+        evaluator.close()
 
 
 def _evaluator(plan: Plan, observer: TuneObserver) -> Evaluator:
@@ -96,7 +102,7 @@ def _sampler(plan: Plan, worker_index: int) -> QueueFirst:
         group=True,
         constraints_func=_constraint_values if has_constraints else None,
     )
-    return QueueFirst(partial(next_queued, space=plan.space, seed=plan.settings.seed), tpe)
+    return QueueFirst(plan.space, tpe)
 
 
 def _constraint_values(trial: optuna.trial.FrozenTrial) -> list[float]:
@@ -112,18 +118,23 @@ def _pruner(plan: Plan) -> optuna.pruners.BasePruner:
 
 def _search(study: optuna.Study, storage: BaseStorage, group: Group, *, plan: Plan, sampler: QueueFirst,
             evaluator: Evaluator, worker: str, baseline, baseline_rows: pd.DataFrame, observer: TuneObserver) -> None:
-    """Ask for trials until the budget is claimed and no other worker's trial is left running (one whose
-    worker died gives its point back, and the budget, to this worker)."""
-    budget = min(plan.settings.trials, len(plan.space.configs()))
+    """Ask for trials until the budget is claimed, or every configuration is held, and no other worker's trial
+    is left running (one whose worker died gives its point back, and the budget, to this worker)."""
+    size = len(plan.space.configs())
+    budget = min(plan.settings.trials, size)
     while True:
         held = claims(study.get_trials(deepcopy=False), budget=budget)
-        if held.counted >= budget or len(held.points) >= len(plan.space.configs()):
+        if held.counted >= budget or len(held.points) >= size:
             if not others_running(study, storage, worker=worker):
+                if len(held.points) >= size:
+                    observer.message(f"{group.study}: every one of the {size} configurations of the search space "
+                                     "has been evaluated; nothing is left to try")
                 return
             wait_for_others(study, storage, worker=worker)
             continue
-        record_warm_start(study, space=plan.space, count=plan.settings.warm_start)
-        trial = asked(study, storage)  # proposes the first queued point that no trial holds, else what TPE proposes
+        record_warm_start(study, space=plan.space, count=plan.settings.warm_start,
+                          unavailable=plan.warm_start_unavailable)
+        trial = asked(study, storage)  # its point is fixed as it is created (QueueFirst)
         try:
             trial.set_user_attr("worker", worker)
             proposal = sampler.proposal(trial.number)
@@ -133,7 +144,7 @@ def _search(study: optuna.Study, storage: BaseStorage, group: Group, *, plan: Pl
             spec = plan.space.point(config, temperature=group.temperature, top_p=group.top_p)
             trial.set_user_attr("point_id", spec.point_id)
             decision = verdict(study, trial, budget=budget)
-            if decision != "run":
+            if decision != "run":  # another worker took the point or the last of the budget meanwhile
                 trial.set_user_attr("role", decision)
                 study.tell(trial, state=TrialState.FAIL)
                 continue
@@ -186,7 +197,7 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, spec, *, config, plan: 
         study.tell(trial, state=TrialState.FAIL)
         return {"number": trial.number, "point_id": spec.point_id, "state": "FAIL", "error": outcome.error}
     _set_measurement(trial, measured, plan, evaluated=outcome.evaluated)
-    if trial.user_attrs.get("role") == "calibration":
+    if trial.user_attrs.get("role") == "calibration" and plan.warm_start_unavailable is None:
         calibration = calibrate(outcome.rows, baseline_rows, gamma=config.gamma,
                                 verify_ms_by_tokens=evaluator.verify_costs(config.gamma + 1))
         if calibration is not None:

@@ -13,6 +13,10 @@ the ratio a timing of the target's forward pass at k = 1..g_max + 1 measured (sp
 linear in k on a CPU), weighted by how many tokens the draft proposed per step (n-grams often propose
 fewer than gamma, or none). Without that timing (a replay) it is interpolated linearly in gamma between
 the baseline's one-token step and the calibration's measured step.
+
+Some backends measure neither (`unavailable_with`): a server's rows hold no verify time and no steps, and
+its forward pass cannot be timed from outside; transformers' generate() does not report what it drafted.
+There is no warm start then, rather than a prediction from numbers that were never measured.
 """
 
 from __future__ import annotations
@@ -23,6 +27,17 @@ import numpy as np
 import pandas as pd
 
 from specbench.stats import Prediction, StepModel
+
+
+UNAVAILABLE = {  # backend -> why its measurements give no warm start
+    "server": "not available with the server backend (a server's forward pass cannot be timed from outside)",
+    "hf": "not available with the hf backend (transformers' generate() does not report what it drafted per step)",
+}
+
+
+def unavailable_with(backend: str) -> str | None:
+    """Why the analytic warm start cannot be computed from `backend`'s measurements, or None when it can."""
+    return UNAVAILABLE.get(backend)
 
 
 @dataclass(frozen=True)
