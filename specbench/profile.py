@@ -54,6 +54,7 @@ class ProfileError(ValueError):
 
 
 PositiveInt = Annotated[StrictInt, _check(lambda v: v >= 1, "an integer >= 1")]
+PositiveFloat = Annotated[float, Strict(), _check(lambda v: v > 0, "a number > 0")]
 NonNegativeInt = Annotated[StrictInt, _check(lambda v: v >= 0, "an integer >= 0")]
 Temperature = Annotated[float, Strict(), _check(lambda v: v >= 0, "a number >= 0")]
 TopP = Annotated[float, Strict(), _check(lambda v: 0 < v <= 1, "a number in (0, 1]")]
@@ -173,6 +174,30 @@ class SweepSpec(_Spec):
     temperature: Annotated[tuple[Temperature, ...], Axis]
     top_p: Annotated[tuple[TopP, ...], Axis] = (1.0,)
     concurrency: Annotated[tuple[PositiveInt, ...], Axis] = (1,)  # requests in flight; > 1 on the server backend
+    # open-loop load levels besides the closed-loop concurrency ones: requests/s arriving as a (seeded) Poisson
+    # process, whatever the server's state; the server backend only
+    request_rate: Annotated[tuple[PositiveFloat, ...], Axis] = ()
+
+
+class LoadSpec(_Spec):
+    """How a request-rate level sends: how many requests, and how bursty their arrivals are."""
+
+    requests: PositiveInt | None = None  # per request-rate level; default: every prompt x repeat once
+    # the gaps between arrivals are gamma-distributed with this shape (as vLLM's benchmark client draws them):
+    # 1 is a Poisson process, below 1 burstier, above 1 more regular
+    burstiness: PositiveFloat = 1.0
+
+
+class SloSpec(_Spec):
+    """Service-level objectives: a request meets them when each one given holds (goodput counts those)."""
+
+    ttft_ms: PositiveFloat | None = None
+    tpot_ms: PositiveFloat | None = None
+    e2e_ms: PositiveFloat | None = None
+
+    def limits(self) -> dict[str, float]:
+        """{request column: limit} of the objectives given."""
+        return {name: value for name, value in self.model_dump().items() if value is not None}
 
 
 class ServerSpec(_Spec):
@@ -235,6 +260,8 @@ class Profile(_Spec):
     sweep: SweepSpec
     workload: WorkloadSpec
     run: RunSpec = Field(default_factory=RunSpec)
+    load: LoadSpec = Field(default_factory=LoadSpec)
+    slo: SloSpec = Field(default_factory=SloSpec)
     _source: Path | None = PrivateAttr(default=None)
 
     @property
@@ -267,6 +294,9 @@ class Profile(_Spec):
             if self.sweep.concurrency != (1,):
                 raise _rule(f'backend "{self.backend}" runs one request at a time: use concurrency = [1], or '
                             'backend = "server"', at=("sweep", "concurrency"))
+            if self.sweep.request_rate:
+                raise _rule(f'backend "{self.backend}" runs one request at a time and cannot honour an arrival rate: '
+                            'remove request_rate, or use backend = "server"', at=("sweep", "request_rate"))
         return self
 
     def _fits_engine(self, engine) -> None:
@@ -356,6 +386,12 @@ def _as_data(profile: Profile) -> dict:
             del draft["ngram_min"], draft["ngram_max"]
     if data["sweep"]["concurrency"] == [1]:
         del data["sweep"]["concurrency"]  # the default: profiles written before the axis existed stay as they were
+    for key, default in (("request_rate", []),):
+        if data["sweep"][key] == default:
+            del data["sweep"][key]
+    for table in ("load", "slo"):
+        if data[table] == (LoadSpec() if table == "load" else SloSpec()).model_dump(mode="json", exclude_none=True):
+            del data[table]
     if "server" in data and not data["server"]["env"]:
         del data["server"]["env"]
     return data

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from specbench.contention import ADVICE
 from specbench.models import BuiltinInfo
+from specbench import results
 from specbench.results import PointSpec
 
 
@@ -70,14 +71,16 @@ def best_points_table(points: pd.DataFrame, *, per_temperature: int = 5) -> list
     a speedup marked "!" was measured while the machine was not quiet (the point or its baseline)."""
     tables = []
     ok = points[points["status"] == "ok"]
-    if "concurrency" not in ok:
-        ok = ok.assign(concurrency=1)
-    for (temperature, top_p, concurrency), group in ok.groupby(["temperature", "top_p", "concurrency"], sort=True):
+    ok = ok.join(results.load_labels(ok))
+    under_load = any(order != (0, 1.0) for order in ok["load_order"])
+    with_slo = "goodput" in ok and ok["goodput"].notna().any()
+    for (temperature, top_p, _, load), group in ok.groupby(["temperature", "top_p", "load_order", "load"], sort=True):
         title = (f"temperature {temperature:g}" + (f", top_p {top_p:g}" if top_p < 1 else "")
-                 + (f", concurrency {concurrency}" if ok["concurrency"].nunique() > 1 else ""))
+                 + (f", {load}" if ok["load"].nunique() > 1 else ""))
         table = Table(title=title, title_justify="left")
         table.add_column("point", no_wrap=True)
-        for column in ("speedup", "95% CI", "tok/s", "accept", "MAL", "TPOT ms", "peak MB", "match"):
+        for column in ("speedup", "95% CI", "tok/s", "accept", "MAL", "TPOT ms", "peak MB", "match",
+                       *(("TTFT p99", "TPOT p99") if under_load else ()), *(("goodput", "SLO met") if with_slo else ())):
             table.add_column(column, justify="right")
         ranked = group.sort_values("speedup", ascending=False, na_position="last")
         best_id = ranked.iloc[0]["point_id"]
@@ -97,6 +100,8 @@ def best_points_table(points: pd.DataFrame, *, per_temperature: int = 5) -> list
                 fmt(row["tpot_ms_p50"], ".1f"),
                 fmt(row["peak_memory_mb"], ".0f"),
                 "-" if match is None or match is pd.NA else ("yes" if match else "[bold red]NO[/bold red]"),
+                *((fmt(row.get("ttft_ms_p99"), ".0f"), fmt(row.get("tpot_ms_p99"), ".1f")) if under_load else ()),
+                *((fmt(row.get("goodput"), ".2f", "/s"), fmt(row.get("slo_met_fraction"), ".0%")) if with_slo else ()),
                 style="bold green" if row["point_id"] == best_id and row["method"] != "baseline" else None,
             )
         tables.append(table)

@@ -50,47 +50,81 @@ class PointSpec:
     draft_quantize: str | None = None
     ngram_min: int | None = None
     ngram_max: int | None = None
-    concurrency: int = 1  # requests in flight
+    concurrency: int | None = 1  # requests in flight (closed loop); None at a request-rate level
+    request_rate: float | None = None  # requests/s arriving whatever the server's state (open loop)
 
     @property
     def baseline_id(self) -> str:
-        return baseline_point_id(self.temperature, self.top_p, concurrency=self.concurrency)
+        return baseline_point_id(self.temperature, self.top_p, concurrency=self.concurrency,
+                                 request_rate=self.request_rate)
+
+    @property
+    def open_loop(self) -> bool:
+        return self.request_rate is not None
+
+    @property
+    def load_level(self) -> str:
+        """The point's load in words: "concurrency 4", "2 requests/s"."""
+        return f"{self.request_rate:g} requests/s" if self.open_loop else f"concurrency {self.concurrency}"
 
     @classmethod
-    def baseline(cls, temperature: float, top_p: float, *, concurrency: int = 1) -> "PointSpec":
-        return cls(baseline_point_id(temperature, top_p, concurrency=concurrency), "baseline", "baseline", None,
-                   temperature, top_p, concurrency=concurrency)
+    def baseline(cls, temperature: float, top_p: float, *, concurrency: int | None = 1,
+                 request_rate: float | None = None) -> "PointSpec":
+        concurrency = None if request_rate is not None else concurrency
+        return cls(baseline_point_id(temperature, top_p, concurrency=concurrency, request_rate=request_rate), "baseline",
+                   "baseline", None, temperature, top_p, concurrency=concurrency, request_rate=request_rate)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "PointSpec":
         """The spec of a row of points.parquet (or of any frame with its columns); files written before the
         concurrency axis ran one request at a time."""
         values = {name: plain(row.get(name)) for name in cls.__dataclass_fields__}
-        values["concurrency"] = values["concurrency"] or 1
+        if values["request_rate"] is None:
+            values["concurrency"] = values["concurrency"] or 1
         return cls(**values)
 
     def identity(self) -> dict[str, Any]:
-        """The point as hashed into its point key (concurrency 1 left out: keys from before the axis hold)."""
+        """The point as hashed into its point key (concurrency 1 and no request rate left out: keys from before
+        those axes hold)."""
         data = asdict(self)
         if data["concurrency"] == 1:
             del data["concurrency"]
+        if data["request_rate"] is None:
+            del data["request_rate"]
         return data
 
 
-def _load_suffix(concurrency: int) -> str:
+def _load_suffix(concurrency: int | None, request_rate: float | None = None) -> str:
+    if request_rate is not None:
+        return f"-r{request_rate:g}"
     return f"-c{concurrency}" if concurrency != 1 else ""
 
 
-def baseline_point_id(temperature: float, top_p: float, *, concurrency: int = 1) -> str:
-    return f"baseline-t{temperature:g}-p{top_p:g}{_load_suffix(concurrency)}"
+def baseline_point_id(temperature: float, top_p: float, *, concurrency: int | None = 1,
+                      request_rate: float | None = None) -> str:
+    return f"baseline-t{temperature:g}-p{top_p:g}{_load_suffix(concurrency, request_rate)}"
 
 
 def point_id(draft: str, gamma: int, temperature: float, top_p: float, *, ngram_max: int | None = None,
-             concurrency: int = 1) -> str:
-    """`<draft>[-n<ngram_max>]-g<gamma>-t<T>-p<top_p>[-c<concurrency>]`; the n-gram length only where it is
-    tuned, the concurrency only where it is not 1."""
+             concurrency: int | None = 1, request_rate: float | None = None) -> str:
+    """`<draft>[-n<ngram_max>]-g<gamma>-t<T>-p<top_p>[-c<concurrency> | -r<request rate>]`; the n-gram length
+    only where it is tuned, the concurrency only where it is not 1."""
     ngram = f"-n{ngram_max}" if ngram_max is not None else ""
-    return f"{draft}{ngram}-g{gamma}-t{temperature:g}-p{top_p:g}{_load_suffix(concurrency)}"
+    return f"{draft}{ngram}-g{gamma}-t{temperature:g}-p{top_p:g}{_load_suffix(concurrency, request_rate)}"
+
+
+def load_labels(points: pd.DataFrame) -> pd.DataFrame:
+    """Per row of a points table: its load level as `load_order` (closed-loop concurrency levels first, then
+    request rates, each ascending) and `load` ("concurrency 4", "2 requests/s"). Files written before the load
+    axes ran one request at a time."""
+    index = points.index
+    rate = points["request_rate"].astype("Float64") if "request_rate" in points else pd.Series(pd.NA, index=index, dtype="Float64")
+    concurrency = (points["concurrency"].astype("Float64") if "concurrency" in points
+                   else pd.Series(1.0, index=index, dtype="Float64")).fillna(1.0)
+    open_loop = rate.notna()
+    order = [(1, float(r)) if is_open else (0, float(c)) for is_open, r, c in zip(open_loop, rate, concurrency)]
+    labels = [f"{r:g} requests/s" if is_open else f"concurrency {int(c)}" for is_open, r, c in zip(open_loop, rate, concurrency)]
+    return pd.DataFrame({"load_order": order, "load": labels}, index=index)
 
 
 def plain(value: Any) -> Any:
@@ -162,6 +196,9 @@ _POINT_COLUMNS = [
     "other_cpu_share", "gpu_other_processes", "repeat_spread", "tpot_spread", "unstable", "unstable_reason",
     "acceptance_source", "engine_drafts", "engine_draft_tokens", "engine_accepted_tokens",
     "engine_accepted_per_position", "server_peak_rss_mb",
+    # added with open-loop load levels and SLOs
+    "request_rate", "achieved_request_rate", "request_throughput", "goodput", "slo_met_fraction", "slo",
+    "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p99", "itl_ms_p90", "e2e_ms_p90",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -173,7 +210,8 @@ _POINT_DTYPES = {
     "gpu_other_processes": "Int64", "unstable": "boolean", "unstable_reason": "string", "acceptance_source": "string",
     "outputs_match_fraction": "float64", "divergence_top2_gap": "float64", "other_cpu_share": "float64",
     "repeat_spread": "float64", "tpot_spread": "float64", "engine_drafts": "float64", "engine_draft_tokens": "float64",
-    "engine_accepted_tokens": "float64", **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
+    "engine_accepted_tokens": "float64", "slo": "string", "request_throughput": "float64", "goodput": "float64",
+    "slo_met_fraction": "float64", **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }
 

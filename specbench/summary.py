@@ -5,6 +5,7 @@ timing. Recomputed every time points.parquet is written."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -15,13 +16,15 @@ from specbench import contention, stats
 from specbench.decoding import first_divergence
 from specbench.results import POINT_COLUMNS, POINT_DTYPES, PointSpec
 
+RATE_TOLERANCE = 0.02  # an open-loop client that sent further than this from the asked rate fell behind
 NEAR_TIE_GAP = 0.1  # logits: a greedy divergence this close is a near-tie (bf16/fp16 rounding), not a bug
 
 
 def summarize(specs: list[PointSpec], requests: pd.DataFrame, *, failures: dict[str, str],
-              context: dict[str, dict[str, Any]]) -> pd.DataFrame:
+              context: dict[str, dict[str, Any]], slo: Mapping[str, float] | None = None) -> pd.DataFrame:
     """One row per point that has requests or a failure. `context[point_id]` adds constant columns
-    (backend, models, weight_mb, point_key, how quiet the machine was, the engine's own counters)."""
+    (backend, models, weight_mb, point_key, how quiet the machine was, the engine's own counters); `slo`
+    ({"ttft_ms": 500, ...}: a request meets it when each value is at most its limit) gives goodput."""
     rows = []
     by_point = {point_id: group for point_id, group in requests.groupby("point_id", sort=False)} if len(requests) else {}
     for spec in specs:
@@ -33,7 +36,8 @@ def summarize(specs: list[PointSpec], requests: pd.DataFrame, *, failures: dict[
             continue
         point = by_point[spec.point_id]
         baseline = by_point.get(spec.baseline_id)
-        row.update(status="ok", error=None, **_metrics(point, baseline, spec, row), **_spreads(point))
+        row.update(status="ok", error=None, **_metrics(point, baseline, spec, row), **_load(point, spec, slo or {}),
+                   **_spreads(point, spec))
         row.update(_stability(row, context.get(spec.baseline_id, {}), baseline, spec))
         rows.append(row)
     frame = pd.DataFrame(rows, columns=list(POINT_COLUMNS))
@@ -55,13 +59,9 @@ def _metrics(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec
         "mean_accepted_length": point["decode_tokens"].sum() / steps if steps else None,
         "accepted_per_position": _sum_lists(point["accepted_per_position"]),
         "drafted_per_position": _sum_lists(point["drafted_per_position"]) if drafted is not None else None,
-        "ttft_ms_p50": stats.percentile(point["ttft_ms"], 50),
-        "tpot_ms_p50": stats.percentile(point["tpot_ms"].dropna(), 50),
-        "tpot_ms_p90": stats.percentile(point["tpot_ms"].dropna(), 90),
-        "itl_ms_p50": stats.percentile(itl, 50),
-        "itl_ms_p99": stats.percentile(itl, 99),
-        "e2e_ms_p50": stats.percentile(point["e2e_ms"], 50),
-        "e2e_ms_p99": stats.percentile(point["e2e_ms"], 99),
+        **{f"{name}_p{q}": stats.percentile(values, q) for name, values in (
+            ("ttft_ms", point["ttft_ms"]), ("tpot_ms", point["tpot_ms"].dropna()), ("itl_ms", itl),
+            ("e2e_ms", point["e2e_ms"])) for q in (50, 90, 99)},
         "peak_memory_mb": (row.get("weight_mb") or 0.0) + growth.max() if growth.notna().all() else None,
         "draft_ms_per_token": point["draft_ms"].sum() / drafted if drafted and point["draft_ms"].notna().all() else None,
         "verify_ms_per_step": point["verify_ms"].sum() / steps if steps and point["verify_ms"].notna().all() else None,
@@ -75,13 +75,38 @@ def _metrics(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec
     return metrics
 
 
+def _wall_s(point: pd.DataFrame, spec: PointSpec) -> float:
+    """The point's measured time: one request at a time, the requests' own times added up; under load (more
+    than one in flight, or arrivals at a rate) the wall time from the first send to the last finish."""
+    under_load = spec.open_loop or (spec.concurrency or 1) > 1
+    if under_load and "start_ms" in point and point["start_ms"].notna().all():
+        return float(((point["start_ms"] + point["e2e_ms"]).max() - point["start_ms"].min()) / 1e3)
+    return float(point["e2e_ms"].sum() / 1e3)
+
+
 def _throughput(point: pd.DataFrame, spec: PointSpec) -> float:
-    """Output tokens per second: over the requests' own time one at a time; under concurrency over the wall
-    time from the first send to the last finish (never a sum of per-request rates)."""
-    if spec.concurrency > 1 and "start_ms" in point and point["start_ms"].notna().all():
-        wall_s = ((point["start_ms"] + point["e2e_ms"]).max() - point["start_ms"].min()) / 1e3
-        return float(point["output_tokens"].sum() / wall_s) if wall_s > 0 else float("nan")
-    return stats.throughput(point["output_tokens"], point["e2e_ms"] / 1e3)
+    """Output tokens per second over the point's measured time (never a sum of per-request rates)."""
+    wall_s = _wall_s(point, spec)
+    return float(point["output_tokens"].sum() / wall_s) if wall_s > 0 else float("nan")
+
+
+def _load(point: pd.DataFrame, spec: PointSpec, slo: Mapping[str, float]) -> dict[str, Any]:
+    """Requests per second over the measured time; goodput (requests per second that met every SLO) and the
+    fraction that did, where SLOs are given; at a request rate, the rate the client actually sent at."""
+    wall_s = _wall_s(point, spec)
+    out: dict[str, Any] = {"request_throughput": len(point) / wall_s if wall_s > 0 else None, "goodput": None,
+                           "slo_met_fraction": None, "achieved_request_rate": None,
+                           "slo": ", ".join(f"{name} <= {limit:g}" for name, limit in slo.items()) or None}
+    if slo:
+        met = np.ones(len(point), dtype=bool)
+        for name, limit in slo.items():  # a request without the figure (one output token: no TPOT) meets it
+            met &= ~(point[name].to_numpy(float) > limit)
+        out.update(slo_met_fraction=float(met.mean()) if len(point) else None,
+                   goodput=float(met.sum() / wall_s) if wall_s > 0 else None)
+    if spec.open_loop and len(point) > 1 and point["start_ms"].notna().all():
+        span_s = (point["start_ms"].max() - point["start_ms"].min()) / 1e3
+        out["achieved_request_rate"] = (len(point) - 1) / span_s if span_s > 0 else None
+    return out
 
 
 def _engine_acceptance(row: dict[str, Any], spec: PointSpec) -> dict[str, Any]:
@@ -165,15 +190,23 @@ def _stability(row: dict[str, Any], baseline_context: dict[str, Any], baseline: 
         other_cpu_share=row.get("other_cpu_share"), gpu_other_processes=row.get("gpu_other_processes"),
         repeat_spread=row.get("repeat_spread"), tpot_spread=row.get("tpot_spread"))
     reasons = list(point_reasons)
+    achieved = row.get("achieved_request_rate")
+    if spec.open_loop and achieved is not None and abs(achieved / spec.request_rate - 1) > RATE_TOLERANCE:
+        reasons.append(f"the client sent {achieved:.3g} requests/s, not the {spec.request_rate:g} asked for: "
+                       "the client, not the server, was the bottleneck")
     if spec.method != "baseline" and baseline is not None:
-        baseline_spreads = _spreads(baseline)
+        baseline_spreads = _spreads(baseline, spec)
         reasons += [f"baseline: {r}" for r in contention.unstable_reasons(
             other_cpu_share=baseline_context.get("other_cpu_share"),
             gpu_other_processes=baseline_context.get("gpu_other_processes"), **baseline_spreads)]
     return {"unstable": bool(reasons), "unstable_reason": "; ".join(reasons) or None}
 
 
-def _spreads(point: pd.DataFrame) -> dict[str, float | None]:
+def _spreads(point: pd.DataFrame, spec: PointSpec) -> dict[str, float | None]:
+    """How much repeats of a prompt, and TPOT across requests, differ. Not at a request rate: there a prompt's
+    draws meet different queues by design, and TPOT varies with the batch."""
+    if spec.open_loop:
+        return {"repeat_spread": None, "tpot_spread": None}
     by_prompt = [list(group) for _, group in point.groupby("prompt_id")["e2e_ms"]]
     tpot = point["tpot_ms"].dropna()
     tpot_spread = None

@@ -203,14 +203,14 @@ def test_profiles_are_frozen():
 
 MODELS = ", ".join(BUILTIN_MODELS)
 SETS = ", ".join(BUILTIN_SETS)
-PROFILE_KEYS = "name, backend, server, device, dtype, target, drafts, sweep, workload, run"
+PROFILE_KEYS = "name, backend, server, device, dtype, target, drafts, sweep, workload, run, load, slo"
 DRAFT_KEYS = "name, method, model, quantize, ngram_min, ngram_max"
 
 BAD_VALUES = [
     # (key, value or None to remove it, message after "<file>: ")
     (("profile",), 1, f"unknown key 'profile' (known: {PROFILE_KEYS})"),
     (("source",), "x.toml", f"unknown key 'source' (known: {PROFILE_KEYS})"),
-    (("sweep", "gama"), [2], "unknown key 'sweep.gama' (known: gamma, temperature, top_p, concurrency)"),
+    (("sweep", "gama"), [2], "unknown key 'sweep.gama' (known: gamma, temperature, top_p, concurrency, request_rate)"),
     (("drafts", 0, "ngram"), 2, f"unknown key 'drafts[0].ngram' (known: {DRAFT_KEYS})"),
     (("sweep", "gamma"), "4", 'sweep.gamma: must be a list (got "4")'),
     (("sweep", "gamma"), [2, "4"], 'sweep.gamma[1]: must be an integer (got "4")'),

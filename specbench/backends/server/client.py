@@ -1,5 +1,6 @@
 """The load generator: streaming OpenAI-compatible chat completions from one asyncio client, with exactly
-`concurrency` requests in flight. Per request it keeps what was observed on the wire: when the request
+`concurrency` requests in flight (closed loop), or sent at scheduled arrival times whatever the server's state
+(open loop, `run_open_loop`). Per request it keeps what was observed on the wire: when the request
 was sent, when each chunk of tokens arrived (a chunk may carry several tokens: speculative engines emit a
 step's accepted tokens together), and what the server reported (usage, timings)."""
 
@@ -121,6 +122,47 @@ async def run_requests(url: str, requests: list[Request], *, model: str, concurr
         except aiohttp.ClientError as error:
             raise RequestFailed(f"{type(error).__name__} talking to {url}: {error}") from None
     return sorted(responses, key=lambda r: r.index)
+
+
+async def run_scheduled(url: str, requests: list[Request], arrivals_s: list[float], *, model: str,
+                        api_key: str | None = None, timeout_s: float = 600.0) -> list[Response]:
+    """Each request sent at its arrival time (seconds from the first), however many are in flight. The
+    first failure cancels the rest and is raised. A response's `start_s` is when it was actually sent: the
+    gap to its arrival time is the client's own lateness."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    connector = aiohttp.TCPConnector(limit=0)  # open loop: no cap on connections in flight
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_s)
+    origin = time.perf_counter()
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async def send(request: Request, at_s: float) -> Response:
+            await asyncio.sleep(max(0.0, at_s - (time.perf_counter() - origin)))
+            return await _one(session, url, request, model=model, origin=origin, headers=headers)
+
+        try:
+            responses = await asyncio.gather(*(send(r, at) for r, at in zip(requests, arrivals_s)))
+        except aiohttp.ClientError as error:
+            raise RequestFailed(f"{type(error).__name__} talking to {url}: {error}") from None
+    return sorted(responses, key=lambda r: r.index)
+
+
+def arrival_times(count: int, *, request_rate: float, burstiness: float, seed: int) -> list[float]:
+    """`count` arrival times (seconds, the first at 0) of a seeded renewal process: gamma-distributed gaps of
+    shape `burstiness` (1: Poisson), as vLLM's benchmark client draws them, then scaled so that the mean rate
+    over the schedule is exactly `request_rate` (a short draw of a Poisson process strays from its rate by
+    about 1/sqrt(count); the shape of the gaps is kept). Every point of a level gets the same times."""
+    import numpy as np
+
+    if count < 2:
+        return [0.0] * count
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (request_rate * burstiness), size=count - 1)
+    gaps *= (count - 1) / request_rate / gaps.sum()
+    return [0.0, *np.cumsum(gaps).tolist()]
+
+
+def run_open_loop(url: str, requests: list[Request], arrivals_s: list[float], *, model: str,
+                  api_key: str | None = None) -> list[Response]:
+    return asyncio.run(run_scheduled(url, requests, arrivals_s, model=model, api_key=api_key))
 
 
 def run(url: str, requests: list[Request], *, model: str, concurrency: int, api_key: str | None = None) -> list[Response]:

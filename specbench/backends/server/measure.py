@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 from typing import TYPE_CHECKING, Any
 
 from specbench.backends.base import AfterPrompt, OnRequest
@@ -17,13 +18,31 @@ if TYPE_CHECKING:
     from specbench.backends.server import ServerSession
 
 
+def request_plan(session: "ServerSession", spec: PointSpec) -> list[tuple[int, Any, int, int]]:
+    """(prompt index, prompt, repeat, seed) per request. Closed loop: every prompt x repeat. At a request rate:
+    `load.requests` requests (default: as many), prompts drawn in a seeded order — with replacement when more
+    requests than prompts are asked for, a prompt's repeat counting its draws — the same for every point."""
+    profile, run, prompts = session.profile, session.profile.run, session.prompts
+    if not spec.open_loop:
+        return [(index, prompt, repeat, run.seed + 1000 * index + repeat)
+                for index, prompt in enumerate(prompts) for repeat in range(run.repeats)]
+    count = profile.load.requests or len(prompts) * run.repeats
+    rng = random.Random(run.seed)
+    drawn = rng.sample(range(len(prompts)), count) if count <= len(prompts) else rng.choices(range(len(prompts)), k=count)
+    seen: dict[int, int] = {}
+    plan = []
+    for index in drawn:
+        repeat = seen[index] = seen.get(index, -1) + 1
+        plan.append((index, prompts[index], repeat, run.seed + 1000 * index + repeat))
+    return plan
+
+
 def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_key: str, on_request: OnRequest,
                   after_prompt: AfterPrompt | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     profile = session.profile
     run = profile.run
-    concurrency = getattr(spec, "concurrency", 1) or 1
-    plan = [(index, prompt, repeat, run.seed + 1000 * index + repeat)
-            for index, prompt in enumerate(session.prompts) for repeat in range(run.repeats)]
+    concurrency = spec.concurrency or 1  # at a request rate: warm-up one at a time
+    plan = request_plan(session, spec)
     requests = [client.Request(i, [dict(m) for m in prompt.messages], spec.temperature, spec.top_p,
                                profile.workload.max_new_tokens, seed) for i, (_, prompt, _, seed) in enumerate(plan)]
     call = dict(model=session.model_name, api_key=session.api_key)
@@ -37,17 +56,26 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
     pids = session.server.descendants() if session.server is not None else []
     reset_peak_rss(pids)
     rows: list[dict[str, Any]] = []
-    # one request at a time: prompt by prompt, so a tune can prune after each; else all at the level's concurrency
-    batches = ([[r for r, p in zip(requests, plan) if p[0] == i] for i in range(len(session.prompts))]
-               if concurrency == 1 else [requests])
-    for batch in batches:
-        for response in client.run(url, batch, concurrency=concurrency, **call):
+    if spec.open_loop:
+        arrivals = client.arrival_times(len(requests), request_rate=spec.request_rate,
+                                        burstiness=profile.load.burstiness, seed=run.seed)
+        for response in client.run_open_loop(url, requests, arrivals, **call):
             index, prompt, repeat, seed = plan[response.index]
             rows.append(request_row(spec, response, session=session, point_key=point_key, prompt=prompt,
-                                    repeat=repeat, seed=seed))
+                                    repeat=repeat, seed=seed, scheduled_s=arrivals[response.index]))
             on_request()
-        if after_prompt is not None and concurrency == 1:
-            after_prompt(rows)
+    else:
+        # one request at a time: prompt by prompt, so a tune can prune after each; else all at the level's concurrency
+        batches = ([[r for r, p in zip(requests, plan) if p[0] == i] for i in range(len(session.prompts))]
+                   if concurrency == 1 else [requests])
+        for batch in batches:
+            for response in client.run(url, batch, concurrency=concurrency, **call):
+                index, prompt, repeat, seed = plan[response.index]
+                rows.append(request_row(spec, response, session=session, point_key=point_key, prompt=prompt,
+                                        repeat=repeat, seed=seed))
+                on_request()
+            if after_prompt is not None and concurrency == 1:
+                after_prompt(rows)
     after = _counters(url, prefix, session.api_key)
     return rows, point_measurements(before, after, rows, peak_mb=peak_rss_mb(pids) if pids else None)
 
@@ -82,7 +110,7 @@ def point_measurements(before: SpecCounters | None, after: SpecCounters | None, 
 
 
 def request_row(spec: PointSpec, response: client.Response, *, session: "ServerSession", point_key: str, prompt,
-                repeat: int, seed: int) -> dict[str, Any]:
+                repeat: int, seed: int, scheduled_s: float | None = None) -> dict[str, Any]:
     """The raw measurements of one streamed response, in requests.parquet's columns."""
     usage = response.usage or {}
     output_tokens = usage.get("completion_tokens")
@@ -111,6 +139,7 @@ def request_row(spec: PointSpec, response: client.Response, *, session: "ServerS
         "output_sha": hashlib.sha256(response.text.encode()).hexdigest()[:16],
         "output_ids": None, "top2_gap": None,
         "start_ms": response.start_s * 1e3, "finish_reason": response.finish_reason,
+        "scheduled_ms": scheduled_s * 1e3 if scheduled_s is not None else None,  # open loop: its arrival time
     }
 
 
