@@ -67,7 +67,8 @@ def fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
 
 def best_points_table(points: pd.DataFrame, *, per_temperature: int = 5) -> list[Table]:
     """Per temperature (and top_p, and concurrency where it varies): the fastest points first, the baseline included for reference.
-    MAL = mean accepted length (tokens per target step); match = greedy output equals the baseline's;
+    MAL = mean accepted length (tokens per target step); match = greedy output equals the baseline's; under load
+    TTFT/TPOT p99 in ms, and with SLOs goodput in requests/s meeting every one;
     a speedup marked "!" was measured while the machine was not quiet (the point or its baseline)."""
     tables = []
     ok = points[points["status"] == "ok"]
@@ -79,8 +80,9 @@ def best_points_table(points: pd.DataFrame, *, per_temperature: int = 5) -> list
                  + (f", {load}" if ok["load"].nunique() > 1 else ""))
         table = Table(title=title, title_justify="left")
         table.add_column("point", no_wrap=True)
-        for column in ("speedup", "95% CI", "tok/s", "accept", "MAL", "TPOT ms", "peak MB", "match",
-                       *(("TTFT p99", "TPOT p99") if under_load else ()), *(("goodput", "SLO met") if with_slo else ())):
+        # under load, the tail latencies replace the median TPOT; with SLOs, goodput (requests/s meeting them)
+        for column in ("speedup", "95% CI", "tok/s", "accept", "MAL", *(("TTFT p99", "TPOT p99") if under_load
+                       else ("TPOT ms",)), "peak MB", "match", *(("goodput", "SLO met") if with_slo else ())):
             table.add_column(column, justify="right")
         ranked = group.sort_values("speedup", ascending=False, na_position="last")
         best_id = ranked.iloc[0]["point_id"]
@@ -97,11 +99,11 @@ def best_points_table(points: pd.DataFrame, *, per_temperature: int = 5) -> list
                 fmt(row["tokens_per_s"], ".1f"),
                 fmt(row["acceptance_rate"], ".0%"),
                 fmt(row["mean_accepted_length"]),
-                fmt(row["tpot_ms_p50"], ".1f"),
+                *((fmt(row.get("ttft_ms_p99"), ".0f"), fmt(row.get("tpot_ms_p99"), ".1f")) if under_load
+                  else (fmt(row["tpot_ms_p50"], ".1f"),)),
                 fmt(row["peak_memory_mb"], ".0f"),
                 "-" if match is None or match is pd.NA else ("yes" if match else "[bold red]NO[/bold red]"),
-                *((fmt(row.get("ttft_ms_p99"), ".0f"), fmt(row.get("tpot_ms_p99"), ".1f")) if under_load else ()),
-                *((fmt(row.get("goodput"), ".2f", "/s"), fmt(row.get("slo_met_fraction"), ".0%")) if with_slo else ()),
+                *((fmt(row.get("goodput"), ".2f"), fmt(row.get("slo_met_fraction"), ".0%")) if with_slo else ()),
                 style="bold green" if row["point_id"] == best_id and row["method"] != "baseline" else None,
             )
         tables.append(table)

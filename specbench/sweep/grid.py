@@ -135,7 +135,7 @@ def _run_claimed(study: optuna.Study, trial: optuna.Trial, spec: PointSpec, ctx:
         trial.set_user_attr("resumed", True)
         study.tell(trial, _value(_row(files.record(None, ctx, order=planned), spec)))
         return None
-    observer.point_started(spec, n_requests(ctx))
+    observer.point_started(spec, n_requests(ctx, spec))
     run = evaluate_point(spec, ctx, observer=observer)
     row = _row(files.record(spec, ctx, run, order=planned), spec)
     if run.error is not None:

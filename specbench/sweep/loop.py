@@ -70,7 +70,7 @@ def run_sweep(profile: Profile, *, out_dir: Path, fresh: bool = False, observer:
 
         ran: list[str] = []
         for spec in to_run:
-            observer.point_started(spec, n_requests(ctx))
+            observer.point_started(spec, n_requests(ctx, spec))
             points = files.record(spec, ctx, evaluate_point(spec, ctx, observer=observer), order=planned)
             ran.append(spec.point_id)
             observer.point_finished(spec, points[points["point_id"] == spec.point_id].iloc[0].to_dict())
@@ -83,8 +83,10 @@ def run_sweep(profile: Profile, *, out_dir: Path, fresh: bool = False, observer:
     return RunResult(out_dir, points, requests, manifest, ran)
 
 
-def n_requests(ctx: RunContext) -> int:
-    return len(ctx.session.prompts) * ctx.profile.run.repeats
+def n_requests(ctx: RunContext, spec: PointSpec | None = None) -> int:
+    """Requests a point sends: every prompt x repeat; at a request rate, `load.requests` where given."""
+    every = len(ctx.session.prompts) * ctx.profile.run.repeats
+    return (ctx.profile.load.requests or every) if spec is not None and spec.open_loop else every
 
 
 @dataclass(frozen=True)
