@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from specbench.report import Format, build_report, render, tables
-from specbench.report.plots import concurrency_figure
+from specbench.report.plots import load_figure
 from test_report import PNG_TAG, RUN_A, RUN_B, embedded_pngs, markdown_tables, point, report_cli, write_run
 
 
@@ -78,7 +78,7 @@ def test_markdown_has_a_speedup_by_concurrency_table_per_temperature(levels_run)
     found = markdown_tables(text)
     assert found["Speedup by concurrency, temperature 0"] == [LEVEL_HEADER, "|:--|--:|--:|--:|", *GREEDY_LEVEL_ROWS]
     assert found["Speedup by concurrency, temperature 0.8"] == SAMPLED_LEVEL_ROWS
-    assert tables.CONCURRENCY_NOTE in text
+    assert tables.load_note(["concurrency 1"]) in text
 
 
 def test_best_is_decided_per_level_among_trusted_points(levels_run):
@@ -100,7 +100,7 @@ def test_the_terminal_shows_the_table_per_temperature(levels_run):
         "close g=4 mismatch 1.40× [1.30, 1.50] failed", "accept 70% (unstable)",
         "ngram n=3 g=2 1.30× [1.20, 1.40] 1.25× [1.20, 1.30] 0.95× [0.90, 1.00]", "accept 50% accept 40%",
         "best close g=2 ngram n=3 g=2 baseline"]
-    assert "Speedup by concurrency, temperature 0.8" in lines and tables.CONCURRENCY_NOTE in result.stdout
+    assert "Speedup by concurrency, temperature 0.8" in lines and tables.load_note(["concurrency 1"]) in result.stdout
 
 
 def test_the_terminal_splits_a_table_with_many_levels(tmp_path):
@@ -137,7 +137,7 @@ def test_top_keeps_every_level_of_the_configurations_it_shows_and_the_best(level
 
 def test_the_plot_has_a_line_and_band_per_configuration_on_a_log2_axis(levels_run):
     points = build_report([levels_run]).runs[0].points
-    figure = concurrency_figure(points)
+    figure = load_figure(points)
     greedy, sampled = figure.axes
     assert greedy.get_title() == "temperature 0" and sampled.get_title() == "temperature 0.8"
     assert greedy.get_xscale() == "log" and list(greedy.get_xticks()) == [1, 4, 16]
@@ -148,6 +148,8 @@ def test_the_plot_has_a_line_and_band_per_configuration_on_a_log2_axis(levels_ru
         "close g=2": ([1, 4, 16], [1.5, 1.2, 0.9]),
         "close g=4": ([4], [1.4]),
         "ngram n=3 g=2": ([1, 4, 16], [1.3, 1.25, 0.95]),
+        "_crossover close g=2": ([4], [1.2]),  # a star where the CI last lies above 1.0
+        "_crossover ngram n=3 g=2": ([4], [1.25]),
     }
     assert len(greedy.collections) == 3  # a CI band per configuration
     band = greedy.collections[0].get_paths()[0].vertices  # close g=2: low edge then high edge
@@ -242,5 +244,5 @@ def test_a_run_at_one_level_renders_exactly_as_without_the_axis(tmp_path):
     assert "Speedup vs concurrency" not in html and html.count(PNG_TAG) == 5
     terminal = report_cli(at_one).stdout
     assert "Speedup by concurrency" not in terminal and "temperature 0  (best in bold green)" in terminal
-    assert build_report([at_one]).runs[0].concurrency.empty
-    assert concurrency_figure(build_report([at_one]).runs[0].points) is None
+    assert build_report([at_one]).runs[0].speedups_by_load.empty
+    assert load_figure(build_report([at_one]).runs[0].points) is None

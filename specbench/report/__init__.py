@@ -1,7 +1,8 @@
 """`specbench report`: tables, plots and comparisons from the result folders `specbench run` writes.
 
     load.py      find and read result folders; skip unreadable ones with a reason
-    tables.py    the tables as DataFrames (filter, sort, per category, comparison, Pareto front)
+    tables.py    the tables as DataFrames (filter, sort, per category, speedup by load, comparison, Pareto front)
+    load_tables.py  under load: the crossover per configuration, goodput against the SLO
     build.py     assemble a Report
     text.py      Markdown, CSV, JSON          html.py   one self-contained HTML file
     plots.py     matplotlib figures as PNG    terminal.py  rich tables

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.report import tables
+from specbench.report import load_tables, tables
 from specbench.report.load import Run, Skipped, load_runs
 from specbench.report.trials import StudyReport, study_reports
 
@@ -18,8 +18,10 @@ class RunReport:
     points: pd.DataFrame  # the run's points after --filter (all columns; plots read these)
     table: pd.DataFrame  # tables.TABLE_COLUMNS, sorted, --top per temperature
     categories: pd.DataFrame  # tables.category_speedups of the filtered points
-    # tables.concurrency_speedups of the configurations shown (empty for a run at one concurrency level)
-    concurrency: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=tables.CONCURRENCY_COLUMNS))
+    # tables.load_speedups of the configurations shown (empty for a run at one load level)
+    speedups_by_load: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=tables.LOAD_COLUMNS))
+    crossover: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=load_tables.CROSSOVER_COLUMNS))
+    goodput: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=load_tables.GOODPUT_COLUMNS))
     studies: list[StudyReport] = field(default_factory=list)  # a tune's studies (empty for a plain sweep)
 
     @property
@@ -70,10 +72,12 @@ def build_report(paths: list[str | Path], *, filters: list[str] = (), sort: str 
         points = tables.apply_filters(run.points, parsed)
         table = tables.points_table(points, run=run.name, sort=sort, top=top)
         categories = tables.category_speedups(points, run.requests)
+        speedups = _shown_configurations(tables.load_speedups(points), table)
         reports.append(RunReport(
             run=run, points=points, table=table,
             categories=categories[categories["point_id"].isin(set(table["point_id"]))],  # --top cuts them too
-            concurrency=_shown_configurations(tables.concurrency_speedups(points), table),
+            speedups_by_load=speedups, crossover=load_tables.crossovers(speedups),
+            goodput=load_tables.goodput(points),
             studies=study_reports(run.tune, parsed) if run.tune is not None else [],
         ))
     comparison = None

@@ -7,7 +7,7 @@ from html import escape
 
 import pandas as pd
 
-from specbench.report import plots, tables, trials
+from specbench.report import load_tables, plots, tables, trials
 from specbench.report.build import Report, RunReport
 from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line, unstable_warning
 
@@ -81,12 +81,7 @@ def _run_section(run_report: RunReport) -> list[str]:
                    zip(group["best"], group["status"])]
         section += [f"<h3>{escape(tables.group_title(temperature, top_p))}</h3>",
                     _table(tables.display_points(group), row_classes=classes)]
-    for (temperature, top_p), group in run_report.concurrency.groupby(["temperature", "top_p"], sort=True):
-        display = tables.display_concurrency(group)
-        section += [f"<h3>{escape(tables.concurrency_title(temperature, top_p))}</h3>",
-                    _table(display, row_classes=[""] * (len(display) - 1) + ["best"])]
-    if len(run_report.concurrency):
-        section.append(f'<p class="meta">{escape(tables.CONCURRENCY_NOTE)}</p>')
+    section += _load_section(run_report)
     if len(run_report.failed):
         section += ["<h3>Failed points</h3>", "<ul>"]
         section += [f"<li><code>{escape(row['point_id'])}</code>: {escape(str(row['error']))}</li>"
@@ -99,6 +94,27 @@ def _run_section(run_report: RunReport) -> list[str]:
         section.append(_figure(plot))
     if run_report.studies:
         section += _tune_section(run_report.studies)
+    return section
+
+
+def _load_section(run_report: RunReport) -> list[str]:
+    """Speedup against load per temperature with its crossover lines, and goodput per temperature."""
+    section = []
+    speedups = run_report.speedups_by_load
+    for (temperature, top_p), group in speedups.groupby(["temperature", "top_p"], sort=True):
+        display = tables.display_load(group)
+        section += [f"<h3>{escape(tables.load_title(group))}</h3>",
+                    _table(display, row_classes=[""] * (len(display) - 1) + ["best"])]
+        crossover = load_tables.crossover_lines(run_report.crossover, temperature, top_p)
+        if crossover:
+            section.append('<ul class="crossover">' + "".join(f"<li>{escape(line)}</li>" for line in crossover)
+                           + "</ul>")
+    if len(speedups):
+        section.append(f'<p class="meta">{escape(tables.load_note(tables.level_columns(speedups)))}</p>')
+    for _, group in run_report.goodput.groupby(["temperature", "top_p"], sort=True):
+        section += [f"<h3>{escape(load_tables.goodput_title(group))}</h3>",
+                    _table(load_tables.display_goodput(group)),
+                    f'<p class="meta">{escape(load_tables.goodput_caption(group))}</p>']
     return section
 
 

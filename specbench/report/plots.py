@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
-from specbench.report import tables
+from specbench.report import load_tables, tables
 from specbench.report.trials import StudyReport
 
 PANEL_W, PANEL_H, MAX_COLUMNS = 4.8, 3.4, 3
@@ -28,7 +28,7 @@ def all_plots(points: pd.DataFrame, categories: pd.DataFrame) -> list[Plot | tup
     """Every plot in report order; a (title, why not drawn) pair where there was nothing to draw."""
     makers = [
         ("Speedup vs gamma", lambda: speedup_vs_gamma(points), "no speculative point ran"),
-        *_concurrency_makers(points),
+        *_load_makers(points),
         ("Acceptance by draft position", lambda: acceptance_by_position(points),
          "no per-position draft counts (the hf backend does not record them)"),
         ("Measured vs predicted speedup", lambda: measured_vs_predicted(points),
@@ -40,16 +40,22 @@ def all_plots(points: pd.DataFrame, categories: pd.DataFrame) -> list[Plot | tup
     return _drawn(makers)
 
 
-def concurrency_plots(points: pd.DataFrame) -> list[Plot | tuple[str, str]]:
-    """Speedup vs concurrency, or why not drawn, for a run at several concurrency levels; nothing at one level."""
-    return _drawn(_concurrency_makers(points))
+def load_plots(points: pd.DataFrame) -> list[Plot | tuple[str, str]]:
+    """The plots of a run under load (speedup and p99 latency against load at several levels, goodput against
+    request rate at several rates), or why not drawn; nothing at one level."""
+    return _drawn(_load_makers(points))
 
 
-def _concurrency_makers(points: pd.DataFrame) -> list:
-    if len(tables.concurrency_levels(points)) < 2:
-        return []
-    return [("Speedup vs concurrency", lambda: speedup_vs_concurrency(points),
-             "no trusted speculative point has a speedup")]
+def _load_makers(points: pd.DataFrame) -> list:
+    makers = []
+    levels = tables.load_levels(points)
+    if len(levels) >= 2:
+        makers += [(f"Speedup vs {tables.load_axis(levels)}", lambda: speedup_vs_load(points),
+                    "no trusted speculative point has a speedup"),
+                   ("Latency p99 vs load", lambda: latency_vs_load(points), "no TTFT or TPOT p99 recorded")]
+    if "request_rate" in points and points["request_rate"].dropna().nunique() >= 2:
+        makers.append(("Goodput vs request rate", lambda: goodput_vs_rate(points), "no point has a goodput"))
+    return makers
 
 
 def tune_plots(studies: list[StudyReport]) -> list[Plot | tuple[str, str]]:
@@ -153,38 +159,119 @@ def speedup_vs_gamma(points: pd.DataFrame) -> Plot | None:
                  "Speedup over the baseline per draft; bands are the 95 % bootstrap CIs; dashed: the baseline.")
 
 
-def speedup_vs_concurrency(points: pd.DataFrame) -> Plot | None:
-    figure = concurrency_figure(points)
+def speedup_vs_load(points: pd.DataFrame) -> Plot | None:
+    figure = load_figure(points)
+    axis = tables.load_axis(tables.load_levels(points))
     return None if figure is None else _plot(
-        figure, "Speedup vs concurrency",
-        "Speedup over the baseline at the same concurrency, per draft and gamma; bands are the 95 % bootstrap CIs; "
-        "dashed: the baseline. Unstable points are drawn (the tables label them); failed and mismatched are not.")
+        figure, f"Speedup vs {axis}",
+        f"Speedup over the baseline at the same {'concurrency' if axis == 'concurrency' else 'load level'}, per "
+        "draft and gamma; bands are the 95 % bootstrap CIs; dashed: the baseline; star: the highest level at which "
+        "the CI lies wholly above 1.0. Unstable points are drawn (the tables label them); failed and mismatched "
+        "are not.")
 
 
-def concurrency_figure(points: pd.DataFrame) -> Figure | None:
-    """x: requests in flight (log2, a tick per level), y: speedup; a line per configuration, a panel per
+def load_figure(points: pd.DataFrame) -> Figure | None:
+    """x: requests in flight (log2, a tick per level), or, once a request rate is among the levels, every level
+    in load order (a tick each); y: speedup; a line per configuration, a star at its crossover, a panel per
     temperature and top_p."""
-    speedups = tables.concurrency_speedups(points)
+    speedups = tables.load_speedups(points)
     data = speedups[speedups["status"].isin(["ok", "unstable"]) & (speedups["method"] != "baseline")]
     data = data.dropna(subset=["speedup"])
     if not len(data):
         return None
-    ticks = tables.concurrency_levels(points)
+    crossover = load_tables.crossovers(speedups).dropna(subset=["load"]).set_index(["temperature", "top_p",
+                                                                                     "configuration"])
+    closed = tables.load_axis(tables.load_levels(points)) == "concurrency"
+    x = "concurrency" if closed else "load_rank"
     groups = list(data.groupby(["temperature", "top_p"], sort=True))
     figure, axes = _panels(len(groups))
     for ax, ((temperature, top_p), group) in zip(axes, groups):
         for name, line in group.groupby("configuration", sort=False):
-            (drawn,) = ax.plot(line["concurrency"], line["speedup"], marker="o", label=name)
+            (drawn,) = ax.plot(line[x].astype(float), line["speedup"], marker="o", label=name)
             band = line.dropna(subset=["speedup_ci_low", "speedup_ci_high"])
             if len(band):
-                ax.fill_between(band["concurrency"], band["speedup_ci_low"].astype(float),
+                ax.fill_between(band[x].astype(float), band["speedup_ci_low"].astype(float),
                                 band["speedup_ci_high"].astype(float), color=drawn.get_color(), alpha=0.2, linewidth=0)
+            if (temperature, top_p, name) in crossover.index:
+                at = line[line["load"] == crossover.loc[(temperature, top_p, name), "load"]].iloc[0]
+                ax.plot([float(at[x])], [at["speedup"]], marker="*", markersize=14, linestyle="none",
+                        color=drawn.get_color(), markeredgecolor="black", label=f"_crossover {name}")  # the caption says
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="baseline")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [str(level) for level in ticks])
-        ax.set_xticks([], minor=True)
-        ax.set(title=tables.group_title(temperature, top_p), xlabel="concurrency (requests in flight)",
-               ylabel="speedup")
+        if closed:
+            ticks = tables.concurrency_levels(points)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks, [str(level) for level in ticks])
+            ax.set_xticks([], minor=True)
+            ax.set(xlabel="concurrency (requests in flight)")
+        else:
+            _level_ticks(ax, tables.load_levels(points))
+        ax.set(title=tables.group_title(temperature, top_p), ylabel="speedup")
+        ax.legend(fontsize="small")
+    return figure
+
+
+def _level_ticks(ax, levels: list[str]) -> None:
+    ax.set_xticks(range(len(levels)), levels, rotation=30, ha="right")
+    ax.set(xlabel="load level")
+
+
+LATENCIES = (("ttft_ms_p99", "TTFT p99 (ms)"), ("tpot_ms_p99", "TPOT p99 (ms)"))
+
+
+def latency_vs_load(points: pd.DataFrame) -> Plot | None:
+    figure = latency_figure(points)
+    return None if figure is None else _plot(
+        figure, "Latency p99 vs load",
+        "The 99th percentile of time to first token and of time per output token at each load level, per "
+        "configuration and the baseline; failed and mismatched points are not drawn.")
+
+
+def latency_figure(points: pd.DataFrame) -> Figure | None:
+    """A row per temperature and top_p, a TTFT p99 and a TPOT p99 panel each; x: every load level in load order
+    (a tick each), a line per configuration (the baseline too)."""
+    columns = [column for column, _ in LATENCIES if column in points]
+    data = tables.by_configuration(tables.trusted(points))
+    if len(columns) < len(LATENCIES) or data[columns].isna().all().all():
+        return None
+    levels = tables.load_levels(points)
+    rank = {label: index for index, label in enumerate(levels)}  # by_configuration ranks the trusted levels only
+    groups = list(data.groupby(["temperature", "top_p"], sort=True))
+    figure = Figure(figsize=(PANEL_W * 2, PANEL_H * len(groups)), layout="constrained")
+    rows = figure.subplots(len(groups), 2, squeeze=False)
+    for (ttft_ax, tpot_ax), ((temperature, top_p), group) in zip(rows, groups):
+        for ax, (column, label) in ((ttft_ax, LATENCIES[0]), (tpot_ax, LATENCIES[1])):
+            for name, line in group.dropna(subset=[column]).groupby("configuration", sort=False):
+                ax.plot([rank[level] for level in line["load"]], line[column].astype(float), marker="o", label=name)
+            _level_ticks(ax, levels)
+            ax.set(title=tables.group_title(temperature, top_p), ylabel=label)
+        ttft_ax.legend(fontsize="small")
+    return figure
+
+
+def goodput_vs_rate(points: pd.DataFrame) -> Plot | None:
+    figure = goodput_figure(points)
+    slos = "; ".join(str(slo) for slo in points["slo"].dropna().unique()) if "slo" in points else ""
+    return None if figure is None else _plot(
+        figure, "Goodput vs request rate",
+        f"Requests per second that met every SLO ({slos or 'not recorded'}) at each offered request rate, per "
+        "configuration and the baseline; dashed: the offered rate (every request meets the SLO).")
+
+
+def goodput_figure(points: pd.DataFrame) -> Figure | None:
+    """x: offered request rate, y: goodput; a line per configuration (the baseline too), a panel per
+    temperature and top_p."""
+    data = load_tables.goodput(points).dropna(subset=["request_rate"])
+    if not len(data):
+        return None
+    groups = list(data.groupby(["temperature", "top_p"], sort=True))
+    figure, axes = _panels(len(groups))
+    for ax, ((temperature, top_p), group) in zip(axes, groups):
+        for name, line in group.groupby("configuration", sort=False):
+            ax.plot(line["request_rate"].astype(float), line["goodput"].astype(float), marker="o", label=name)
+        rates = sorted(group["request_rate"].astype(float).unique())
+        ax.plot(rates, rates, color="grey", linestyle="--", linewidth=1, label="offered rate")
+        ax.set(title=tables.group_title(temperature, top_p), xlabel="request rate (requests/s)",
+               ylabel="goodput (requests/s)")
         ax.legend(fontsize="small")
     return figure
 

@@ -1,8 +1,8 @@
 """The report's tables as plain DataFrames, shared by every format: filtered and sorted point tables,
-speedup per workload category, speedup against concurrency, the comparison of two runs, the Pareto front,
-per-position acceptance.
+speedup per workload category, speedup against load (concurrency levels and request rates), the comparison
+of two runs, the Pareto front, per-position acceptance.
 
-Nothing here formats for a screen except `display_points` and `display_concurrency`, which turn numbers into
+Nothing here formats for a screen except `display_points` and `display_load`, which turn numbers into
 the strings every text format shows.
 """
 
@@ -102,23 +102,37 @@ def status_labels(points: pd.DataFrame) -> pd.Series:
 
 
 def levels(points: pd.DataFrame) -> pd.Series:
-    """Each point's concurrency (requests in flight); files written before the axis ran one at a time."""
-    if "concurrency" not in points:
-        return pd.Series(1, index=points.index, dtype=int)
-    return points["concurrency"].fillna(1).astype(int)
+    """Each point's load level: "concurrency 4" (requests in flight) or "2 requests/s" (an open-loop arrival
+    rate, never a concurrency); files written before the load axes ran one request at a time."""
+    return results.load_labels(points)["load"]
+
+
+def load_levels(points: pd.DataFrame) -> list[str]:
+    """The run's load levels in load order: concurrency levels, then request rates, each ascending."""
+    labels = results.load_labels(points)
+    return [load for _, load in sorted(set(zip(labels["load_order"], labels["load"])))]
 
 
 def concurrency_levels(points: pd.DataFrame) -> list[int]:
-    return sorted(set(levels(points)))
+    """The closed-loop levels only (requests in flight), ascending."""
+    if "concurrency" not in points:
+        return [1] if len(points) else []
+    closed = points if "request_rate" not in points else points[points["request_rate"].isna()]
+    return sorted(set(closed["concurrency"].fillna(1).astype(int)))
+
+
+def load_axis(labels: list[str]) -> str:
+    """What the load levels are called together: "concurrency", or "load" once a request rate is among them."""
+    return "concurrency" if all(label.startswith("concurrency ") for label in labels) else "load"
 
 
 def best_point_ids(points: pd.DataFrame) -> set[str]:
-    """Per temperature, top_p and concurrency (speedups at two levels are against two baselines): the highest
+    """Per temperature, top_p and load level (speedups at two levels are against two baselines): the highest
     speedup among points that ran and whose greedy outputs match (the baseline itself when nothing beats it;
     the baseline wins exact ties)."""
     trusted = points[(status_labels(points) == "ok") & points["speedup"].notna()]
     best = set()
-    for _, group in trusted.assign(concurrency=levels(trusted)).groupby(["temperature", "top_p", "concurrency"]):
+    for _, group in trusted.assign(load=levels(trusted)).groupby(["temperature", "top_p", "load"]):
         ranked = group.assign(_not_baseline=group["method"] != "baseline").sort_values(
             ["speedup", "_not_baseline", "point_id"], ascending=[False, True, True])
         best.add(ranked.iloc[0]["point_id"])
@@ -186,16 +200,26 @@ def category_speedups(points: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFr
     sums["tokens_per_s"] = sums["output_tokens"] / (sums["e2e_ms"] / 1e3)
     ran = trusted(points)
     ran = ran[ran["method"] != "baseline"]
-    ran = ran.assign(concurrency=levels(ran))
-    frame = ran[["point_id", "temperature", "top_p", "concurrency"]].merge(
+    ran = ran.assign(baseline_id=baseline_ids(ran))
+    frame = ran[["point_id", "temperature", "top_p", "baseline_id"]].merge(
         sums[["point_id", "category", "tokens_per_s"]], on="point_id")
-    frame["baseline_id"] = [results.baseline_point_id(t, p, concurrency=c)
-                            for t, p, c in zip(frame["temperature"], frame["top_p"], frame["concurrency"])]
     baseline = sums.rename(columns={"point_id": "baseline_id", "tokens_per_s": "baseline_tokens_per_s"})
     frame = frame.merge(baseline[["baseline_id", "category", "baseline_tokens_per_s"]],
                         on=["baseline_id", "category"], how="left")
     frame["speedup"] = frame["tokens_per_s"] / frame["baseline_tokens_per_s"]
     return frame[columns].reset_index(drop=True)
+
+
+def baseline_ids(points: pd.DataFrame) -> list[str]:
+    """Each point's baseline: the same temperature, top_p and load level."""
+    def column(name: str) -> list:
+        return list(points[name]) if name in points else [None] * len(points)
+
+    return [results.baseline_point_id(t, p, concurrency=None if _missing(c) else int(c),
+                                      request_rate=None if _missing(r) else float(r))
+            if not _missing(r) else results.baseline_point_id(t, p, concurrency=1 if _missing(c) else int(c))
+            for t, p, c, r in zip(points["temperature"], points["top_p"], column("concurrency"),
+                                  column("request_rate"))]
 
 
 def category_matrix(categories: pd.DataFrame) -> pd.DataFrame:
@@ -207,14 +231,18 @@ def category_matrix(categories: pd.DataFrame) -> pd.DataFrame:
     return matrix.loc[order, sorted(matrix.columns)].rename_axis(index="point", columns=None)
 
 
-# --- speedup against concurrency ----------------------------------------------------------------
+# --- speedup against load ------------------------------------------------------------------------
 
-CONCURRENCY_COLUMNS = ("temperature", "top_p", "configuration", "method", "concurrency", "point_id", "speedup",
-                       "speedup_ci_low", "speedup_ci_high", "acceptance_rate", "status", "best")
+LOAD_COLUMNS = ("temperature", "top_p", "configuration", "method", "load", "load_rank", "concurrency",
+                "request_rate", "point_id", "speedup", "speedup_ci_low", "speedup_ci_high", "acceptance_rate",
+                "status", "best")
 
-CONCURRENCY_NOTE = ("Speedup over the baseline at the same concurrency [95 % CI], and the acceptance rate; best: "
-                    "the fastest point at each level whose timing and outputs are trusted (the baseline when "
-                    "nothing beats it).")
+LOAD_NOTE = ("Speedup over the baseline at the same {axis} [95 % CI], and the acceptance rate; best: the fastest "
+             "point at each level whose timing and outputs are trusted (the baseline when nothing beats it).")
+
+
+def load_note(labels: list[str]) -> str:
+    return LOAD_NOTE.format(axis="concurrency" if load_axis(labels) == "concurrency" else "load level")
 
 
 def configuration(row: dict) -> str:
@@ -227,40 +255,55 @@ def configuration(row: dict) -> str:
     return f"{row['draft']}{ngram}{gamma}"
 
 
-def concurrency_speedups(points: pd.DataFrame) -> pd.DataFrame:
-    """CONCURRENCY_COLUMNS, one row per point (the baselines too) of a run at more than one concurrency level,
-    by temperature, top_p, draft, n-gram length, gamma and level; empty for a run at one level. The speedup is
-    against the baseline at the same temperature, top_p and concurrency; best: the fastest trusted point at
-    its level (best_point_ids)."""
-    if len(concurrency_levels(points)) < 2:
-        return pd.DataFrame(columns=CONCURRENCY_COLUMNS)
-    ngram_max = points["ngram_max"] if "ngram_max" in points else pd.Series(pd.NA, index=points.index)
+def by_configuration(points: pd.DataFrame) -> pd.DataFrame:
+    """The points with their configuration, load level (`load`, and `load_rank`: its place in load order),
+    status and best, by temperature, top_p, baseline first, draft, n-gram length, gamma and level."""
+    rank = {label: index for index, label in enumerate(load_levels(points))}
+    load = levels(points)
+    missing = pd.Series(pd.NA, index=points.index)
     frame = points.assign(configuration=[configuration(row) for row in points.to_dict("records")],
-                          concurrency=levels(points), status=status_labels(points),
-                          best=points["point_id"].isin(best_point_ids(points)), ngram_max=ngram_max,
-                          is_speculative=points["method"] != "baseline")
-    frame = frame.sort_values(["temperature", "top_p", "is_speculative", "draft", "ngram_max", "gamma", "concurrency"],
-                              na_position="first", kind="stable")
-    return frame[list(CONCURRENCY_COLUMNS)].reset_index(drop=True)
+                          load=load, load_rank=load.map(rank).astype(int), status=status_labels(points),
+                          best=points["point_id"].isin(best_point_ids(points)),
+                          ngram_max=points.get("ngram_max", missing), is_speculative=points["method"] != "baseline",
+                          concurrency=points.get("concurrency", missing).astype("Int64"),
+                          request_rate=points.get("request_rate", missing).astype("Float64"))
+    frame["concurrency"] = frame["concurrency"].where(frame["request_rate"].notna(), frame["concurrency"].fillna(1))
+    frame.loc[frame["request_rate"].notna(), "concurrency"] = pd.NA
+    return frame.sort_values(["temperature", "top_p", "is_speculative", "draft", "ngram_max", "gamma", "load_rank"],
+                             na_position="first", kind="stable")
 
 
-def display_concurrency(group: pd.DataFrame, *, sep: str = " ") -> pd.DataFrame:
-    """One temperature's concurrency_speedups as strings: a row per speculative configuration, a column per
-    level, and a last row naming the best configuration at each level ("-" where no point is trusted). `sep`
-    goes before a cell's acceptance ("\n" in a terminal: two narrow lines)."""
-    columns = sorted(group["concurrency"].unique())
+def load_speedups(points: pd.DataFrame) -> pd.DataFrame:
+    """LOAD_COLUMNS, one row per point (the baselines too) of a run at more than one load level, in
+    by_configuration's order; empty for a run at one level. The speedup is against the baseline at the same
+    temperature, top_p and level; best: the fastest trusted point at its level (best_point_ids)."""
+    if len(load_levels(points)) < 2:
+        return pd.DataFrame(columns=LOAD_COLUMNS)
+    return by_configuration(points)[list(LOAD_COLUMNS)].reset_index(drop=True)
+
+
+def level_columns(group: pd.DataFrame) -> list[str]:
+    """A group's load levels in load order."""
+    return list(group.sort_values("load_rank", kind="stable")["load"].drop_duplicates())
+
+
+def display_load(group: pd.DataFrame, *, sep: str = " ") -> pd.DataFrame:
+    """One temperature's load_speedups as strings: a row per speculative configuration, a column per level
+    in load order, and a last row naming the best configuration at each level ("-" where no point is
+    trusted). `sep` goes before a cell's acceptance ("\n" in a terminal: two narrow lines)."""
+    columns = level_columns(group)
     speculative = group[group["method"] != "baseline"]
     rows = []
     for name, cells in speculative.groupby("configuration", sort=False):
-        by_level = {row["concurrency"]: concurrency_cell(row, sep=sep) for row in cells.to_dict("records")}
+        by_level = {row["load"]: load_cell(row, sep=sep) for row in cells.to_dict("records")}
         rows.append([name, *(by_level.get(level, "-") for level in columns)])
     best = group[group["best"]]
-    best_by_level = dict(zip(best["concurrency"], best["configuration"]))
+    best_by_level = dict(zip(best["load"], best["configuration"]))
     rows.append(["best", *(best_by_level.get(level, "-") for level in columns)])
-    return pd.DataFrame(rows, columns=["configuration", *(f"concurrency {level}" for level in columns)])
+    return pd.DataFrame(rows, columns=["configuration", *columns])
 
 
-def concurrency_cell(row: dict, *, sep: str = " ") -> str:
+def load_cell(row: dict, *, sep: str = " ") -> str:
     """`1.12× [1.05, 1.19] accept 80%`, `... (unstable)`; `failed` and `mismatch` (a speed that means
     nothing) without numbers."""
     if row["status"] in ("failed", "mismatch"):
@@ -274,23 +317,30 @@ def concurrency_cell(row: dict, *, sep: str = " ") -> str:
     return speedup + (sep + notes if notes else "")
 
 
-def concurrency_title(temperature: float, top_p: float) -> str:
-    return f"Speedup by concurrency, {group_title(temperature, top_p)}"
+def load_title(group: pd.DataFrame) -> str:
+    """`Speedup by concurrency, temperature 0`, or `Speedup by load, ...` once a request rate is among the levels."""
+    temperature, top_p = group["temperature"].iloc[0], group["top_p"].iloc[0]
+    return f"Speedup by {load_axis(level_columns(group))}, {group_title(temperature, top_p)}"
 
 
 # --- two runs ------------------------------------------------------------------------------------
 
 
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame, *, name_a: str, name_b: str) -> pd.DataFrame:
-    """Per point_id and concurrency (a point is only ever compared with the same point at the same level:
+    """Per point_id and load level (a point is only ever compared with the same point at the same level:
     their speedups are against that level's baselines): the speedups of run a and run b, the change (b - a),
     whether the 95 % CIs overlap, and a verdict for b against a: faster / slower (CIs apart), no clear change
-    (CIs overlap), no CI, failed or mismatch in a run, only in a run. Rows by level, then as in a, then b."""
-    a = a.assign(label=status_labels(a), concurrency=levels(a)).set_index(["point_id", "concurrency"])
-    b = b.assign(label=status_labels(b), concurrency=levels(b)).set_index(["point_id", "concurrency"])
+    (CIs overlap), no CI, failed or mismatch in a run, only in a run. Rows by level in load order (`load`;
+    `concurrency` is NA at a request rate), then as in a, then b."""
+    a = a.assign(label=status_labels(a), **results.load_labels(a)).set_index(["point_id", "load"])
+    b = b.assign(label=status_labels(b), **results.load_labels(b)).set_index(["point_id", "load"])
     rows = []
     for key in list(a.index) + [k for k in b.index if k not in a.index]:
-        row = {"point_id": key[0], "concurrency": key[1]}
+        frame = a if key in a.index else b
+        concurrency = frame.at[key, "concurrency"] if "concurrency" in frame else 1
+        rate = frame.at[key, "request_rate"] if "request_rate" in frame else None
+        row = {"point_id": key[0], "concurrency": pd.NA if not _missing(rate) else
+               (1 if _missing(concurrency) else int(concurrency)), "load": key[1], "_order": frame.at[key, "load_order"]}
         for side, frame in (("a", a), ("b", b)):
             present = key in frame.index
             for column in ("speedup", "speedup_ci_low", "speedup_ci_high"):
@@ -298,17 +348,19 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame, *, name_a: str, name_b: str) 
         row["change"] = row["speedup_b"] - row["speedup_a"]
         row["cis_overlap"], row["verdict"] = _verdict(key, a, b, row, name_a=name_a, name_b=name_b)
         rows.append(row)
-    columns = ["point_id", "concurrency", "speedup_a", "speedup_ci_low_a", "speedup_ci_high_a", "speedup_b",
+    columns = ["point_id", "concurrency", "load", "speedup_a", "speedup_ci_low_a", "speedup_ci_high_a", "speedup_b",
                "speedup_ci_low_b", "speedup_ci_high_b", "change", "cis_overlap", "verdict"]
-    frame = pd.DataFrame(rows, columns=columns)
+    frame = pd.DataFrame(rows, columns=[*columns, "_order"])
+    frame = frame.iloc[sorted(range(len(frame)), key=lambda i: frame["_order"].iloc[i])]  # stable: by level
+    frame = frame[columns].reset_index(drop=True)
     frame["cis_overlap"] = frame["cis_overlap"].astype("boolean")
     frame["concurrency"] = frame["concurrency"].astype("Int64")
-    numeric = [c for c in columns if c not in ("point_id", "concurrency", "cis_overlap", "verdict")]
+    numeric = [c for c in columns if c not in ("point_id", "concurrency", "load", "cis_overlap", "verdict")]
     frame[numeric] = frame[numeric].astype("float64")
-    return frame.sort_values("concurrency", kind="stable").reset_index(drop=True)
+    return frame
 
 
-def _verdict(key: tuple[str, int], a: pd.DataFrame, b: pd.DataFrame, row: dict, *, name_a: str,
+def _verdict(key: tuple[str, str], a: pd.DataFrame, b: pd.DataFrame, row: dict, *, name_a: str,
              name_b: str) -> tuple[bool | None, str]:
     if key not in b.index:
         return None, f"only in {name_a}"

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specbench.report import tables, trials
+from specbench.report import load_tables, tables, trials
 from specbench.report.build import Report, RunReport
 from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line, unstable_warning
 
@@ -34,17 +34,11 @@ def _print_run(console: Console, run_report: RunReport) -> None:
     for (temperature, top_p), group in run_report.table.groupby(["temperature", "top_p"], sort=True):
         styles = ["bold green" if best else STATUS_STYLE.get(status) for best, status in
                   zip(group["best"], group["status"])]
-        best = "best per concurrency level" if len(run_report.concurrency) else "best"
+        speedups = run_report.speedups_by_load
+        best = f"best per {tables.load_axis(tables.level_columns(speedups))} level" if len(speedups) else "best"
         title = f"{tables.group_title(temperature, top_p)}  ({best} in bold green)"
         console.print(_table(tables.display_points(group), title=title, row_styles=styles))
-    for (temperature, top_p), group in run_report.concurrency.groupby(["temperature", "top_p"], sort=True):
-        display = tables.display_concurrency(group, sep="\n")  # acceptance below the speedup: narrow columns
-        styles = [None] * (len(display) - 1) + ["bold green"]  # the last row: the best at each level
-        title = tables.concurrency_title(temperature, top_p)
-        for part, columns in enumerate(_column_chunks(display, width=console.width)):
-            console.print(_table(display[columns], title=title + (" (continued)" if part else ""), row_styles=styles))
-    if len(run_report.concurrency):
-        console.print(f"[dim]{escape(tables.CONCURRENCY_NOTE)}[/dim]", soft_wrap=True)
+    _print_load(console, run_report)
     for row in run_report.failed.to_dict("records"):
         console.print(f"[red]failed[/red] {escape(row['point_id'])}: {escape(str(row['error']))}", soft_wrap=True)
     for row in run_report.mismatched:
@@ -65,6 +59,27 @@ def _print_run(console: Console, run_report: RunReport) -> None:
             console.print(f"[red]failed[/red] {escape(line)}", soft_wrap=True)
         if study.not_run:
             console.print(f"[dim]{escape(study.not_run_line)}[/dim]", soft_wrap=True)
+
+
+def _print_load(console: Console, run_report: RunReport) -> None:
+    """Speedup against load per temperature with its crossover lines, and goodput per temperature."""
+    speedups = run_report.speedups_by_load
+    for (temperature, top_p), group in speedups.groupby(["temperature", "top_p"], sort=True):
+        display = tables.display_load(group, sep="\n")  # acceptance below the speedup: narrow columns
+        styles = [None] * (len(display) - 1) + ["bold green"]  # the last row: the best at each level
+        title = tables.load_title(group)
+        for part, columns in enumerate(_column_chunks(display, width=console.width)):
+            console.print(_table(display[columns], title=title + (" (continued)" if part else ""), row_styles=styles))
+        for line in load_tables.crossover_lines(run_report.crossover, temperature, top_p):
+            console.print(escape(line), soft_wrap=True)
+    if len(speedups):
+        console.print(f"[dim]{escape(tables.load_note(tables.level_columns(speedups)))}[/dim]", soft_wrap=True)
+    for _, group in run_report.goodput.groupby(["temperature", "top_p"], sort=True):
+        display = load_tables.display_goodput(group)
+        for part, columns in enumerate(_column_chunks(display, width=console.width)):
+            title = load_tables.goodput_title(group) + (" (continued)" if part else "")
+            console.print(_table(display[columns], title=title))
+        console.print(f"[dim]{escape(load_tables.goodput_caption(group))}[/dim]", soft_wrap=True)
 
 
 def _column_chunks(frame: pd.DataFrame, *, width: int) -> list[list[str]]:

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from specbench.contention import ADVICE
-from specbench.report import tables, trials
+from specbench.report import load_tables, tables, trials
 from specbench.summary import NEAR_TIE_GAP
 from specbench.report.build import Report, RunReport
 
@@ -77,7 +77,7 @@ def _run_markdown(run_report: RunReport) -> list[str]:
         display["status"] = display["status"].replace({"mismatch": "**MISMATCH**", "failed": "**failed**",
                                                        "unstable": "**unstable**"})
         lines += [f"### {tables.group_title(temperature, top_p)}", ""] + markdown_table(display) + [""]
-    lines += _concurrency_markdown(run_report)
+    lines += _load_markdown(run_report)
     if len(run_report.failed):
         lines += ["Failed points:", ""]
         lines += [f"- `{row['point_id']}`: {_cell(str(row['error']))}" for row in run_report.failed.to_dict("records")]
@@ -95,19 +95,27 @@ def _run_markdown(run_report: RunReport) -> list[str]:
     return lines
 
 
-def _concurrency_markdown(run_report: RunReport) -> list[str]:
-    """Speedup against concurrency, a table per temperature and the plot; nothing for a run at one level."""
-    if not len(run_report.concurrency):
-        return []
+def _load_markdown(run_report: RunReport) -> list[str]:
+    """Speedup against load, a table per temperature with its crossover lines; goodput per temperature; their
+    plots. Nothing for a run at one level without an SLO."""
     lines = []
-    for (temperature, top_p), group in run_report.concurrency.groupby(["temperature", "top_p"], sort=True):
-        display = tables.display_concurrency(group)
+    speedups = run_report.speedups_by_load
+    for (temperature, top_p), group in speedups.groupby(["temperature", "top_p"], sort=True):
+        display = tables.display_load(group)
         display.iloc[-1] = [f"**{cell}**" for cell in display.iloc[-1]]  # the best at each level
-        lines += [f"### {tables.concurrency_title(temperature, top_p)}", ""] + markdown_table(display) + [""]
-    lines += [tables.CONCURRENCY_NOTE, ""]
+        lines += [f"### {tables.load_title(group)}", ""] + markdown_table(display) + [""]
+        crossover = load_tables.crossover_lines(run_report.crossover, temperature, top_p)
+        lines += [f"- {_cell(line)}" for line in crossover] + ([""] if crossover else [])
+    if len(speedups):
+        lines += [tables.load_note(tables.level_columns(speedups)), ""]
+    for _, group in run_report.goodput.groupby(["temperature", "top_p"], sort=True):
+        lines += [f"### {load_tables.goodput_title(group)}", ""]
+        lines += markdown_table(load_tables.display_goodput(group)) + ["", load_tables.goodput_caption(group), ""]
+    if not len(speedups) and not len(run_report.goodput):
+        return lines
     from specbench.report import plots  # matplotlib loads only when there is a plot to draw
 
-    for plot in plots.concurrency_plots(run_report.points):
+    for plot in plots.load_plots(run_report.points):
         if isinstance(plot, tuple):
             title, reason = plot
             lines += [f"### {title}", "", f"_{reason}_", ""]
@@ -147,7 +155,8 @@ def display_matrix(matrix: pd.DataFrame) -> pd.DataFrame:
 
 
 def display_comparison(comparison: pd.DataFrame, name_a: str, name_b: str) -> pd.DataFrame:
-    """One row per compared point; a concurrency column after the point when the runs have several levels."""
+    """One row per compared point; a concurrency column after the point when the runs have several concurrency
+    levels, a load column ("2 requests/s") once a request rate is among them."""
     rows = [(
         row["point_id"],
         tables.fmt(row["speedup_a"], ".2f", "x"),
@@ -159,7 +168,9 @@ def display_comparison(comparison: pd.DataFrame, name_a: str, name_b: str) -> pd
     ) for row in comparison.to_dict("records")]
     shown = pd.DataFrame(rows, columns=["point", f"speedup {name_a}", f"95% CI {name_a}", f"speedup {name_b}",
                                         f"95% CI {name_b}", "change", "verdict"])
-    if comparison["concurrency"].nunique() > 1:
+    if comparison["concurrency"].isna().any():
+        shown.insert(1, "load", list(comparison["load"]))
+    elif comparison["concurrency"].nunique() > 1:
         shown.insert(1, "concurrency", [str(level) for level in comparison["concurrency"]])
     return shown
 
