@@ -57,6 +57,8 @@ engine-vllm: .engines/vllm
 		rm -rf $(ENGINES_DIR)/vllm && $(PYTHON) -m venv $(ENGINES_DIR)/vllm && \
 		$(ENGINES_DIR)/vllm/bin/python -m pip install -q torch==2.13.0 $(VLLM_SPEC) && \
 		$(ENGINES_DIR)/vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec; }
+	# vLLM's benchmark client (make bench-server) reads its prompt file with pandas, an optional dependency of vLLM
+	$(ENGINES_DIR)/vllm/bin/python -c "import pandas" 2>/dev/null || $(ENGINES_DIR)/vllm/bin/python -m pip install -q pandas
 	ln -sfn $(ENGINES_DIR)/vllm $@  # the folder: its bin/python finds the virtualenv only beside pyvenv.cfg
 
 test: $(STAMP)

@@ -15,6 +15,7 @@ from specbench.contention import ADVICE
 from specbench.models import BuiltinInfo
 from specbench import results
 from specbench.results import PointSpec
+from specbench.summary import mismatch_warning
 
 
 class SweepProgress:
@@ -118,8 +119,7 @@ def print_run_summary(console: Console, points: pd.DataFrame, out_dir: str) -> N
         console.print(f"[red]failed[/red] {row['point_id']}: {escape(str(row['error']))}")
     mismatched = points[points["outputs_match_baseline"].eq(False).fillna(False)]
     for row in mismatched.to_dict("records"):
-        console.print(f"[bold red]greedy output differs from the baseline at {row['point_id']}: the engine is "
-                      "broken for this point, its speed means nothing[/bold red]")
+        console.print(f"[bold red]{escape(mismatch_warning(row))}[/bold red]")
     print_unstable(console, points)
     console.print(f"results: {escape(str(out_dir))}  ({len(points) - len(failed)} ok, {len(failed)} failed)")
 

@@ -44,6 +44,35 @@ def summarize(specs: list[PointSpec], requests: pd.DataFrame, *, failures: dict[
     return frame.astype(POINT_DTYPES)
 
 
+def mismatch_warning(row: dict) -> str:
+    """Why greedy outputs differ: a near-tie (bf16/fp16 rounding flips an argmax between a multi-token
+    verification and one-token decoding) or a real bug, told by the target's top-2 logit gap where the first
+    mismatching output diverges."""
+    fraction, position, gap = (_cell(row.get(key)) for key in ("outputs_match_fraction", "first_divergence",
+                                                                  "divergence_top2_gap"))
+    matched = f" ({fraction:.0%} of requests match)" if fraction is not None else ""
+    head = f"greedy outputs differ from the baseline at {row['point_id']}{matched}"
+    if row.get("backend") == "server":  # a serving engine: no logits to tell a near-tie from a bug
+        return (f"{head}: the engine's speculative path is not bit-exact with its plain decoding here (quantised "
+                "kernels and batching round differently for multi-token verification); compare output quality, "
+                "not just speed")
+    if position is None:
+        return f"{head}: the decoding is broken for this point, its speed means nothing"
+    where = f"first divergence at output token {int(position)}"
+    if gap is None:
+        return f"{head}; {where}: the decoding is broken for this point, its speed means nothing"
+    if gap <= NEAR_TIE_GAP:
+        return (f"{head}; {where}, where the target's top-2 logits differ by {gap:.3g}: a near-tie that "
+                "reduced-precision verification can flip, not necessarily a bug")
+    return (f"{head}; {where}, where the target's top-2 logits differ by {gap:.3g} (not a near-tie): the "
+            "decoding is broken for this point, its speed means nothing")
+
+
+def _cell(value: Any) -> Any:
+    """A cell as a value, or None where it is missing (None, NaN, NA: files written before the column)."""
+    return None if value is None or pd.isna(value) else value
+
+
 def _metrics(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec, row: dict[str, Any]) -> dict[str, Any]:
     drafted = point["drafted_tokens"].sum() if point["drafted_tokens"].notna().all() else None
     accepted = point["accepted_tokens"].sum() if point["accepted_tokens"].notna().all() else None

@@ -17,7 +17,7 @@ from rich.console import Console
 from specbench import contention, summary
 from specbench.decoding.trace import Trace
 from specbench.render import print_run_summary
-from specbench.report.text import mismatch_warning
+from specbench.summary import mismatch_warning
 from specbench.results import PointSpec
 from test_analytic import BASELINE, NGRAM, rows, trace
 
@@ -102,3 +102,11 @@ def test_a_greedy_divergence_records_where_and_the_top2_gap_so_a_near_tie_is_tol
     far = mismatch_warning({"point_id": "x", "outputs_match_fraction": 0.0, "first_divergence": 0,
                             "divergence_top2_gap": 4.5})
     assert far.endswith("differ by 4.5 (not a near-tie): the decoding is broken for this point, its speed means nothing")
+
+
+def test_a_serving_engines_greedy_mismatch_is_reported_as_its_numerics_not_a_broken_decoder():
+    warning = mismatch_warning({"point_id": "self-g3-t0-p1", "backend": "server", "outputs_match_fraction": 0.75,
+                                "first_divergence": None, "divergence_top2_gap": None})
+    assert warning.startswith("greedy outputs differ from the baseline at self-g3-t0-p1 (75% of requests match): the "
+                              "engine's speculative path is not bit-exact with its plain decoding here")
+    assert "broken" not in warning

@@ -11,7 +11,7 @@ per level: specbench's output tokens/s over vLLM's and specbench's mean TTFT ove
 loading the tokenizer).
 
     python -m specbench.bench.server [--python .engines/vllm/bin/python] [--prompts 8] [--max-new-tokens 64]
-                                     [--concurrency 1 4] [--rounds 2]
+                                     [--concurrency 1 4] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -118,9 +118,11 @@ def vllm_side(python: Path, url: str, dataset: Path, tokenizer: str, *, prompts:
 def render(results: dict[int, list[tuple[Side, Side]]], *, prompts: int, max_new_tokens: int) -> None:
     table = Table(title=f"specbench's client / vLLM's (vllm bench serve), same vLLM server, {prompts} prompts x "
                         f"{max_new_tokens} tokens, greedy; per round, then the median")
-    for name in ("concurrency", "round", "tokens/s specbench", "tokens/s vLLM", "ratio", "mean TTFT ms specbench",
-                 "mean TTFT ms vLLM", "ratio", "client CPU ms/request specbench", "vLLM (incl. start-up)"):
+    for name in ("concurrency", "round", "tok/s ours", "tok/s vLLM", "ratio", "TTFT ms ours", "TTFT ms vLLM", "ratio",
+                 "CPU ms/req ours", "CPU ms/req vLLM*"):
         table.add_column(name, justify="right")
+    table.caption = ("ours: specbench's client; TTFT: the mean; CPU: the client's own CPU time per request "
+                     "(*vLLM's includes its start-up: importing vLLM, loading the tokenizer)")
     for concurrency, rounds in results.items():
         for number, (ours, theirs) in enumerate(rounds, start=1):
             table.add_row(str(concurrency), str(number), f"{ours.tokens_per_s:.1f}", f"{theirs.tokens_per_s:.1f}",
@@ -130,7 +132,7 @@ def render(results: dict[int, list[tuple[Side, Side]]], *, prompts: int, max_new
         tokens = statistics.median(o.tokens_per_s / t.tokens_per_s for o, t in rounds)
         ttft = statistics.median(o.mean_ttft_ms / t.mean_ttft_ms for o, t in rounds)
         table.add_row(str(concurrency), "median", "", "", f"[bold]{tokens:.3f}", "", "", f"[bold]{ttft:.3f}", "", "")
-    Console().print(table)
+    Console(width=max(Console().width, 130)).print(table)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--rounds", type=int, default=2, help="alternations of the two clients per level")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of the two clients per level")
     args = parser.parse_args(argv)
     texts = single_turn_prompts(args.prompts)
     with tempfile.TemporaryDirectory(prefix="specbench-bench-server-") as folder:
