@@ -119,7 +119,7 @@ def test_each_launch_happens_once_with_its_argv_and_log_and_no_server_is_left(sw
 
 
 def test_a_server_killed_mid_point_fails_that_point_only_and_leaves_no_process(tmp_path):
-    (tmp_path / "llama.toml").write_text(PROFILE.replace("gamma = [3]", "gamma = [2]")
+    (tmp_path / "llama.toml").write_text(PROFILE.replace("gamma = [3]", "gamma = [4]")
                                          .replace("temperature = [0.0, 0.8]", "temperature = [0.0]")
                                          .replace("concurrency = [1, 4]", "concurrency = [1]")
                                          .replace("max_new_tokens = 24", "max_new_tokens = 64"))
@@ -151,10 +151,10 @@ def test_a_server_killed_mid_point_fails_that_point_only_and_leaves_no_process(t
     assert killed, "the n-gram server should have been killed mid-point"
     assert process.returncode == 1, output[-2000:]
     points = pd.read_parquet(tmp_path / "out" / "points.parquet").set_index("point_id")
-    assert points.loc["ngram-g2-t0-p1", "status"] == "failed"
-    assert "log " in points.loc["ngram-g2-t0-p1", "error"] or "Disconnected" in points.loc["ngram-g2-t0-p1", "error"] \
-        or "Failed" in points.loc["ngram-g2-t0-p1", "error"]
-    assert (points.drop(index="ngram-g2-t0-p1")["status"] == "ok").all()
+    assert points.loc["ngram-g4-t0-p1", "status"] == "failed"
+    assert "log " in points.loc["ngram-g4-t0-p1", "error"] or "Disconnected" in points.loc["ngram-g4-t0-p1", "error"] \
+        or "Failed" in points.loc["ngram-g4-t0-p1", "error"]
+    assert (points.drop(index="ngram-g4-t0-p1")["status"] == "ok").all()
     assert server_pids() <= before
 
 
