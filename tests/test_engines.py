@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from specbench.backends.server.metrics import spec_counters
@@ -107,3 +109,35 @@ prompts = "builtin:mixed"
     assert result.output.strip() == ("error: p.toml: sweep.gamma: llama.cpp's ngram-simple drafts nothing when gamma (2) "
                                      "is below the n-gram size ngram_max (3); use gamma >= ngram_max")
     assert not (tmp_path / "results").exists()
+
+
+def test_a_launch_that_never_becomes_ready_fails_its_other_points_without_starting_again(tmp_path):
+    """A server that exits at start-up (here: a llama-server stand-in that knows --help and nothing else) fails
+    every point of its launch, with one start per launch configuration, not one per point."""
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\n[ \"$1\" = --help ] && { echo '--spec-type TYPE'; echo '--spec-draft-n-max N'; "
+                      "exit 0; }\necho 'cannot load model' >&2\nexit 1\n")
+    binary.chmod(0o755)
+    (tmp_path / "p.toml").write_text(f'name = "p"\nbackend = "server"\n[server]\nengine = "llama.cpp"\nbinary = "{binary}"\n'
+                                     '[target]\nmodel = "builtin:smollm2-135m-instruct"\n'
+                                     '[[drafts]]\nname = "ngram"\nmethod = "ngram"\n'
+                                     '[sweep]\ngamma = [3]\ntemperature = [0.0, 0.8]\n'
+                                     '[workload]\nprompts = "builtin:mixed"\nmax_prompts = 1\n')
+    result = subprocess.run([sys.executable, "-m", "specbench.cli", "run", "p.toml", "--out", "out"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert len(manifest["server"]["launches"]) == 2  # the baseline, the n-gram: each started once
+    points = pd.read_parquet(tmp_path / "out" / "points.parquet").set_index("point_id")
+    assert (points["status"] == "failed").all() and len(points) == 4
+    assert "cannot load model" in points.loc["baseline-t0-p1", "error"]
+    assert points.loc["baseline-t0.8-p1", "error"].startswith("ServerFailed: this launch failed earlier (log ")
+
+
+def test_greedy_requests_carry_no_seed_and_sampled_ones_do():
+    from specbench.backends.server.client import Request, payload
+
+    greedy = payload(Request(0, [{"role": "user", "content": "hi"}], 0.0, 1.0, 8, seed=7), model="m")
+    sampled = payload(Request(0, [{"role": "user", "content": "hi"}], 0.8, 0.9, 8, seed=7), model="m")
+    assert "seed" not in greedy and "top_p" not in greedy
+    assert (sampled["seed"], sampled["top_p"]) == (7, 0.9)

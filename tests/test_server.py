@@ -56,16 +56,21 @@ warmup = 1
 """
 
 
-def server_pids() -> set[int]:
+def processes_running(marker: bytes) -> set[int]:
+    """The pids of processes (other than this one) whose executable path, as started, contains `marker`."""
     pids = set()
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
-                if "llama-server" in (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace"):
+                if marker in (entry / "cmdline").read_bytes().split(b"\0")[0]:
                     pids.add(int(entry.name))
             except OSError:
                 continue
     return pids
+
+
+def server_pids() -> set[int]:
+    return processes_running(b"llama-server")
 
 
 @pytest.fixture(scope="module")

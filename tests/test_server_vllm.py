@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.models import hf_folder
+from test_server import processes_running
 
 ROOT = Path(__file__).parents[1]
 VLLM_PYTHON = Path(os.environ.get("SPECBENCH_VLLM_PYTHON", ROOT / ".engines" / "vllm" / "bin" / "python"))
@@ -59,15 +60,7 @@ warmup = 1
 
 def vllm_pids() -> set[int]:
     """Every process running vLLM's Python: the API server and the engine core it spawns."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"vllm" in (entry / "cmdline").read_bytes():
-                    pids.add(int(entry.name))
-            except OSError:
-                continue
-    return pids - {os.getpid()}
+    return processes_running(b"vllm")
 
 
 @pytest.fixture(scope="module")

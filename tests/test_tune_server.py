@@ -19,41 +19,16 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.tune.space import Config, DraftChoice, SearchSpace
 from specbench.tune.warmstart import unavailable_with
+from test_server import LLAMA_SERVER
+from test_server import PROFILE as SERVER_PROFILE
 from test_tune_propose import small_grid
 
-ROOT = Path(__file__).parents[1]
-LLAMA_SERVER = Path(os.environ.get("SPECBENCH_LLAMA_SERVER", ROOT / ".engines" / "llama-server"))
+# the server tests' llama-server profile, tuned over two gammas at one temperature and load, on 2 short prompts
+PROFILE = (SERVER_PROFILE.replace('name = "llama-tiny"', 'name = "llama-tune"').replace("gamma = [3]", "gamma = [3, 4]")
+           .replace("temperature = [0.0, 0.8]", "temperature = [0.0]").replace("concurrency = [1, 4]\n", "")
+           .replace("max_prompts = 4", "max_prompts = 2").replace("max_new_tokens = 24", "max_new_tokens = 16"))
 MESSAGE = ("warm start: not available with the server backend (a server's forward pass cannot be timed from "
            "outside); the search starts from TPE after the calibration points")
-
-PROFILE = f"""
-name = "llama-tune"
-backend = "server"
-[server]
-engine = "llama.cpp"
-binary = "{LLAMA_SERVER}"
-ready_timeout_s = 120
-extra_args = ["-t", "2", "-np", "4"]
-[target]
-model = "builtin:smollm2-135m-instruct"
-[[drafts]]
-name = "ngram"
-method = "ngram"
-[[drafts]]
-name = "self"
-method = "draft"
-model = "builtin:smollm2-135m-instruct"
-[sweep]
-gamma = [3, 4]
-temperature = [0.0]
-[workload]
-prompts = "builtin:mixed"
-max_prompts = 2
-max_new_tokens = 16
-[run]
-repeats = 1
-warmup = 1
-"""
 
 
 def test_the_warm_start_is_unavailable_where_the_backend_does_not_measure_steps():

@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specbench.backends.server import BACKEND
+from specbench.models import hf_folder
 from specbench.profile import ProfileError, profile_from_dict
 from specbench.results import PointSpec
 from specbench.summary import summarize
@@ -154,8 +155,6 @@ def main(argv: list[str] | None = None) -> None:
             session = BACKEND.open(profile, observer=_Quiet(), out_dir=work)
         except ProfileError as error:
             sys.exit(f"error: {error}")
-        from specbench.models import hf_folder
-
         tokenizer = str(hf_folder(MODEL))
         results: dict[int, list[tuple[Side, Side]]] = {}
         try:
