@@ -102,13 +102,15 @@ def tune(
     fresh: Annotated[bool, typer.Option("--fresh", help="Start over: drop the studies and files of an earlier tune.")] = False,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
     max_prompts: Annotated[Optional[int], typer.Option(help="Use only the first N prompts of the workload.")] = None,
+    load_mix: Annotated[Optional[str], typer.Option(help="Weight of each load level, e.g. 1:0.5,4:0.3,r0.5:0.2 (concurrency N, request rate rN); default: the profile's load.mix, else equal.")] = None,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Launch the recommendation (server backend) and measure it at every load level beside the best single setting and the baseline.")] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print recommendation.json on stdout.")] = False,
 ) -> None:
     """Find the configuration to deploy with Optuna: warm start, TPE, pruning; resumable and distributed."""
     try:
         settings = TuneSettings(
             objective=parse_objective(objective), trials=trials, seed=seed, warm_start=warm_start, tolerance=tolerance,
-            prune=prune, storage=storage, study=study, workers=workers, fresh=fresh,
+            prune=prune, storage=storage, study=study, workers=workers, fresh=fresh, load_mix=load_mix, verify=verify,
             constraints=Constraints(max_peak_memory_mb=max_peak_memory_mb, min_acceptance_rate=min_acceptance_rate),
         )
         loaded = None

@@ -31,9 +31,11 @@ from pydantic import (
 
 from specbench.backends import BACKENDS
 from specbench.engines import ENGINES
-from specbench.engines.base import SERVER_ONLY_METHODS, EngineError, Speculation
+from specbench.engines.base import SERVER_ONLY_METHODS, EngineError, Speculation, check_schedule
+from specbench.loadmix import levels_of, parse_load_mix
 from specbench.models import BUILTIN_MODELS, is_builtin
 from specbench.validation import check as _check
+from specbench.validation import converted as _converted
 from specbench.validation import describe
 from specbench.validation import distinct_values as _distinct_values
 from specbench.validation import rule as _rule
@@ -142,6 +144,9 @@ class DraftSpec(_Spec):
     quantize: Quantize | None = None
     ngram_min: PositiveInt = 1
     ngram_max: PositiveInt = 3
+    # a gamma per batch size, [[first, last, gamma], ...] from batch size 1 (gamma 0: no drafting there), instead of
+    # the sweep's gammas: vLLM's num_speculative_tokens_per_batch_size, as `specbench tune` recommends it under load
+    gamma_schedule: Annotated[tuple[tuple[StrictInt, ...], ...], _converted(check_schedule, EngineError)] | None = None
 
     @model_validator(mode="after")
     def _fits_method(self) -> "DraftSpec":
@@ -186,6 +191,9 @@ class LoadSpec(_Spec):
     # the gaps between arrivals are gamma-distributed with this shape (as vLLM's benchmark client draws them):
     # 1 is a Poisson process, below 1 burstier, above 1 more regular
     burstiness: PositiveFloat = 1.0
+    # the share of each load level in the traffic, "1:0.5,4:0.3,r0.5:0.2" (concurrency levels by number, request
+    # rates as rN): `specbench tune` weighs the levels so (default: equally); checked against the sweep's levels
+    mix: StrictStr | None = None
 
 
 class SloSpec(_Spec):
@@ -291,6 +299,10 @@ class Profile(_Spec):
                 if draft.method in SERVER_ONLY_METHODS:
                     raise _rule(f'"{draft.method}" runs only in serving engines: set backend = "server" '
                                 f'(backend "{self.backend}" has draft and ngram)', at=("drafts", index, "method"))
+                if draft.gamma_schedule is not None:
+                    raise _rule(f'a gamma per batch size is vLLM\'s setting: use backend = "server" with engine "vllm" '
+                                f'(backend "{self.backend}" runs one gamma per point)',
+                                at=("drafts", index, "gamma_schedule"))
             if self.sweep.concurrency != (1,):
                 raise _rule(f'backend "{self.backend}" runs one request at a time: use concurrency = [1], or '
                             'backend = "server"', at=("sweep", "concurrency"))
@@ -305,12 +317,28 @@ class Profile(_Spec):
         for index, draft in enumerate(self.drafts):
             if draft.method not in engine.methods:
                 continue  # named by the server backend, with the methods the engine has
+            if draft.gamma_schedule is not None:
+                try:
+                    engine.speculation_args(Speculation(draft.method, max(g for _, _, g in draft.gamma_schedule),
+                                                        draft.model, draft.ngram_min, draft.ngram_max,
+                                                        draft.gamma_schedule))
+                except EngineError as error:
+                    raise _rule(str(error), at=("drafts", index, "gamma_schedule")) from None
+                continue
             for gamma in self.sweep.gamma:
                 try:
                     engine.speculation_args(Speculation(draft.method, gamma, draft.model, draft.ngram_min,
                                                         draft.ngram_max))
                 except EngineError as error:
                     raise _rule(str(error), at=("sweep", "gamma")) from None
+
+    @model_validator(mode="after")
+    def _known_mix(self) -> "Profile":
+        try:
+            self.load.mix and parse_load_mix(self.load.mix, levels_of(self.sweep.concurrency, self.sweep.request_rate))
+        except ValueError as error:
+            raise _rule(str(error), at=("load", "mix")) from None
+        return self
 
     @model_validator(mode="after")
     def _distinct_draft_names(self) -> "Profile":

@@ -52,6 +52,9 @@ class PointSpec:
     ngram_max: int | None = None
     concurrency: int | None = 1  # requests in flight (closed loop); None at a request-rate level
     request_rate: float | None = None  # requests/s arriving whatever the server's state (open loop)
+    # a gamma per batch size ("1-3:3,4-8:0", specbench.engines.schedule_text; `gamma` is its largest): vLLM's dynamic
+    # speculation, launched as one setting that serves every load level
+    gamma_schedule: str | None = None
 
     @property
     def baseline_id(self) -> str:
@@ -91,6 +94,8 @@ class PointSpec:
             del data["concurrency"]
         if data["request_rate"] is None:
             del data["request_rate"]
+        if data["gamma_schedule"] is None:
+            del data["gamma_schedule"]
         return data
 
 
@@ -106,11 +111,13 @@ def baseline_point_id(temperature: float, top_p: float, *, concurrency: int | No
 
 
 def point_id(draft: str, gamma: int, temperature: float, top_p: float, *, ngram_max: int | None = None,
-             concurrency: int | None = 1, request_rate: float | None = None) -> str:
+             concurrency: int | None = 1, request_rate: float | None = None, scheduled: bool = False) -> str:
     """`<draft>[-n<ngram_max>]-g<gamma>-t<T>-p<top_p>[-c<concurrency> | -r<request rate>]`; the n-gram length
-    only where it is tuned, the concurrency only where it is not 1."""
+    only where it is tuned, the concurrency only where it is not 1; a draft with a gamma per batch size has
+    `-sched` for its gamma."""
     ngram = f"-n{ngram_max}" if ngram_max is not None else ""
-    return f"{draft}{ngram}-g{gamma}-t{temperature:g}-p{top_p:g}{_load_suffix(concurrency, request_rate)}"
+    length = "-sched" if scheduled else f"-g{gamma}"
+    return f"{draft}{ngram}{length}-t{temperature:g}-p{top_p:g}{_load_suffix(concurrency, request_rate)}"
 
 
 def load_labels(points: pd.DataFrame) -> pd.DataFrame:
@@ -199,6 +206,8 @@ _POINT_COLUMNS = [
     # added with open-loop load levels and SLOs
     "request_rate", "achieved_request_rate", "request_throughput", "goodput", "slo_met_fraction", "slo",
     "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p99", "itl_ms_p90", "e2e_ms_p90",
+    # added with gamma schedules
+    "gamma_schedule",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -211,7 +220,7 @@ _POINT_DTYPES = {
     "outputs_match_fraction": "float64", "divergence_top2_gap": "float64", "other_cpu_share": "float64",
     "repeat_spread": "float64", "tpot_spread": "float64", "engine_drafts": "float64", "engine_draft_tokens": "float64",
     "engine_accepted_tokens": "float64", "slo": "string", "request_throughput": "float64", "goodput": "float64",
-    "slo_met_fraction": "float64", **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
+    "slo_met_fraction": "float64", "gamma_schedule": "string", **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }
 

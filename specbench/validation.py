@@ -33,6 +33,17 @@ def check(is_valid, requirement: str) -> AfterValidator:
     return AfterValidator(validate)
 
 
+def converted(convert, errors: type[Exception] = ValueError) -> AfterValidator:
+    """The value as `convert` returns it; an `errors` it raises (a one-line message) becomes the key's error."""
+    def validate(value):
+        try:
+            return convert(value)
+        except errors as error:
+            raise rule(str(error)) from None
+
+    return AfterValidator(validate)
+
+
 def distinct_values(values: tuple) -> tuple:
     if not values:
         raise rule("must list at least one value (got [])")

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from specbench.backends.server.metrics import spec_counters
-from specbench.engines import ENGINES, EngineError, Speculation
+from specbench.engines import ENGINES, EngineError, Speculation, check_schedule, parse_schedule, schedule_text
 
 LLAMA_SERVER = Path(os.environ.get("SPECBENCH_LLAMA_SERVER", Path(__file__).parents[1] / ".engines" / "llama-server"))
 
@@ -27,6 +27,34 @@ def test_vllm_speculative_config():
     assert json.loads(vllm.speculation_args(Speculation("draft", 5, draft_model="/m/draft"))[1]) == {
         "method": "draft_model", "num_speculative_tokens": 5, "model": "/m/draft"}
     assert vllm.speculation_args(Speculation("baseline")) == []
+
+
+def test_a_gamma_per_batch_size_is_vllms_dynamic_speculation_and_nobody_elses():
+    schedule = check_schedule([[1, 3, 4], [4, 8, 1], [9, 16, 0]])
+    args = ENGINES["vllm"].speculation_args(Speculation("ngram", 4, ngram_min=2, ngram_max=2, gamma_schedule=schedule))
+    # num_speculative_tokens is the largest gamma: vLLM clamps every range's gamma to it
+    assert json.loads(args[1]) == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                                   "prompt_lookup_max": 2,
+                                   "num_speculative_tokens_per_batch_size": [[1, 3, 4], [4, 8, 1], [9, 16, 0]]}
+    assert parse_schedule(schedule_text(schedule)) == schedule and schedule_text(schedule) == "1-3:4,4-8:1,9-16:0"
+    for name in ("llama.cpp", "sglang"):
+        with pytest.raises(EngineError, match="has no gamma per batch size"):
+            ENGINES[name].speculation_args(Speculation("draft", 4, draft_model="m", gamma_schedule=schedule))
+
+
+@pytest.mark.parametrize(("ranges", "message"), [
+    ([[2, 4, 3]], "entry 0: must start at batch size 1 (got 2)"),
+    ([[1, 3, 3], [5, 8, 1]], "entry 1: must start at batch size 4, right after the previous range (got 5)"),
+    ([[1, 3, 3], [3, 8, 1]], "entry 1: must start at batch size 4, right after the previous range (got 3)"),
+    ([[1, 3, 0]], "drafts at no batch size (every gamma is 0)"),
+    ([[1, 3]], "entry 0: must be [first batch size, last batch size, gamma], three integers (got [1, 3])"),
+    ([[1, 0, 2]], "entry 0: needs 1 <= first <= last and gamma >= 0 (got [1, 0, 2])"),
+    ([], "must list at least one range"),
+])
+def test_a_bad_gamma_schedule_says_what_is_wrong(ranges, message):
+    with pytest.raises(EngineError) as error:
+        check_schedule(ranges)
+    assert message in str(error.value)
 
 
 def test_sglang_and_unknown_methods():

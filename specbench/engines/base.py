@@ -10,6 +10,10 @@ from typing import Protocol
 
 SERVER_ONLY_METHODS = ("eagle", "eagle3", "mtp", "medusa")  # engines have them; the in-process backends do not
 
+# a gamma per batch size: inclusive ranges (first batch size, last batch size, gamma), the first from batch size 1;
+# gamma 0 drafts nothing in its range. vLLM's `num_speculative_tokens_per_batch_size` (its dynamic speculation)
+Schedule = tuple[tuple[int, int, int], ...]
+
 
 class EngineError(ValueError):
     """A speculation setting the engine cannot run, or an engine that cannot be found; one line."""
@@ -25,10 +29,50 @@ class Speculation:
     draft_model: str | None = None
     ngram_min: int | None = None
     ngram_max: int | None = None
+    gamma_schedule: Schedule | None = None  # a gamma per batch size; `gamma` is then its largest
 
     @property
     def speculates(self) -> bool:
         return self.method != "baseline"
+
+
+def check_schedule(ranges) -> Schedule:
+    """`ranges` as a schedule, checked as vLLM checks it (its order kept); EngineError says what is wrong."""
+    schedule = []
+    for index, entry in enumerate(ranges):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3 or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in entry):
+            raise EngineError(f"entry {index}: must be [first batch size, last batch size, gamma], three integers "
+                              f"(got {list(entry) if isinstance(entry, (list, tuple)) else entry!r})")
+        start, end, gamma = entry
+        if start < 1 or end < start or gamma < 0:
+            raise EngineError(f"entry {index}: needs 1 <= first <= last and gamma >= 0 (got {list(entry)})")
+        if schedule and start != schedule[-1][1] + 1:
+            raise EngineError(f"entry {index}: must start at batch size {schedule[-1][1] + 1}, right after the "
+                              f"previous range (got {start}): ranges ascend without gaps or overlaps")
+        schedule.append((start, end, gamma))
+    if not schedule:
+        raise EngineError("must list at least one range")
+    if schedule[0][0] != 1:
+        raise EngineError(f"entry 0: must start at batch size 1 (got {schedule[0][0]})")
+    if max(gamma for _, _, gamma in schedule) < 1:
+        raise EngineError("drafts at no batch size (every gamma is 0): drop the draft, the baseline is that")
+    return tuple(schedule)
+
+
+def schedule_text(schedule: Schedule) -> str:
+    """"1-3:3,4-8:0": a schedule as one short string (a column of the result files)."""
+    return ",".join(f"{start}-{end}:{gamma}" for start, end, gamma in schedule)
+
+
+def parse_schedule(text: str) -> Schedule:
+    """The inverse of `schedule_text`."""
+    out = []
+    for part in text.split(","):
+        span, _, gamma = part.partition(":")
+        start, _, end = span.partition("-")
+        out.append((int(start), int(end), int(gamma)))
+    return tuple(out)
 
 
 class ServingEngine(Protocol):

@@ -31,6 +31,9 @@ class LlamaCpp:
         """Flags for `speculation`; without `help_text`, the 2026 names (--spec-type, --spec-draft-n-max)."""
         if not speculation.speculates:
             return []
+        if speculation.gamma_schedule is not None:
+            raise EngineError("llama.cpp has no gamma per batch size (vLLM's num_speculative_tokens_per_batch_size): "
+                              "launch one gamma; specbench tune recommends the single setting best over the load mix")
         if speculation.method not in _SPEC_TYPE:
             raise EngineError(f"llama.cpp has no speculative method {speculation.method!r} "
                               f"(it has: {', '.join(_SPEC_TYPE)})")

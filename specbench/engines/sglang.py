@@ -25,6 +25,9 @@ class Sglang:
     def speculation_args(self, speculation: Speculation, *, help_text: str | None = None) -> list[str]:
         if not speculation.speculates:
             return []
+        if speculation.gamma_schedule is not None:
+            raise EngineError("SGLang has no gamma per batch size (vLLM's num_speculative_tokens_per_batch_size): "
+                              "launch one gamma; specbench tune recommends the single setting best over the load mix")
         if speculation.method not in _ALGORITHM:
             raise EngineError(f"SGLang has no speculative method {speculation.method!r} "
                               f"(it has: {', '.join(_ALGORITHM)})")

@@ -1,4 +1,5 @@
-"""vLLM: `--speculative-config` JSON (method ngram | draft_model | eagle | eagle3 | mtp | medusa)."""
+"""vLLM: `--speculative-config` JSON (method ngram | draft_model | eagle | eagle3 | mtp | medusa), with a gamma per
+batch size as its dynamic speculation (`num_speculative_tokens_per_batch_size`, vLLM 0.32 and later)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,16 @@ class Vllm:
         if speculation.method not in _METHOD:
             raise EngineError(f"vLLM has no speculative method {speculation.method!r} "
                               f"(it has: {', '.join(_METHOD)})")
-        config: dict = {"method": _METHOD[speculation.method], "num_speculative_tokens": speculation.gamma}
+        gamma = speculation.gamma
+        if speculation.gamma_schedule is not None:  # vLLM clamps each range's gamma to num_speculative_tokens
+            gamma = max(g for _, _, g in speculation.gamma_schedule)
+        config: dict = {"method": _METHOD[speculation.method], "num_speculative_tokens": gamma}
         if speculation.method == "ngram":
             config.update(prompt_lookup_min=speculation.ngram_min, prompt_lookup_max=speculation.ngram_max)
         else:
             config["model"] = speculation.draft_model
+        if speculation.gamma_schedule is not None:
+            config["num_speculative_tokens_per_batch_size"] = [list(r) for r in speculation.gamma_schedule]
         return {k: v for k, v in config.items() if v is not None}
 
     def speculation_args(self, speculation: Speculation, *, help_text: str | None = None) -> list[str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
+from specbench.engines import schedule_text
+from specbench.loadmix import levels_of
 from specbench.profile import Profile
 from specbench.results import PointSpec, point_id
 
@@ -16,11 +18,12 @@ def temperature_groups(profile: Profile) -> list[tuple[float, float]]:
 
 def load_levels(profile: Profile) -> list[tuple[int | None, float | None]]:
     """(concurrency, request_rate) per load level: the closed-loop concurrency levels, then the open-loop rates."""
-    return [(c, None) for c in profile.sweep.concurrency] + [(None, r) for r in profile.sweep.request_rate]
+    return levels_of(profile.sweep.concurrency, profile.sweep.request_rate)
 
 
 def plan_points(profile: Profile, *, launch_key: Callable[[PointSpec], Hashable] | None = None) -> list[PointSpec]:
-    """Per (temperature, top_p) and concurrency: the baseline first, then every draft x gamma. With a backend's `launch_key`,
+    """Per (temperature, top_p) and load level: the baseline first, then every draft x gamma (a draft with a gamma per
+    batch size once, at its largest gamma). With a backend's `launch_key`,
     points that need the same launch are moved together (stable, in order of first appearance), so that each
     launch happens once."""
     points: list[PointSpec] = []
@@ -28,15 +31,17 @@ def plan_points(profile: Profile, *, launch_key: Callable[[PointSpec], Hashable]
         for concurrency, request_rate in load_levels(profile):
             points.append(PointSpec.baseline(temperature, top_p, concurrency=concurrency, request_rate=request_rate))
             for draft in profile.drafts:
-                for gamma in profile.sweep.gamma:
+                schedule = schedule_text(draft.gamma_schedule) if draft.gamma_schedule else None
+                gammas = [max(g for _, _, g in draft.gamma_schedule)] if schedule else profile.sweep.gamma
+                for gamma in gammas:
                     points.append(PointSpec(
                         point_id=point_id(draft.name, gamma, temperature, top_p, concurrency=concurrency,
-                                          request_rate=request_rate),
+                                          request_rate=request_rate, scheduled=schedule is not None),
                         method=draft.method, draft=draft.name, gamma=gamma, temperature=temperature, top_p=top_p,
                         draft_model=draft.model, draft_quantize=draft.quantize,
                         ngram_min=draft.ngram_min if draft.method == "ngram" else None,
                         ngram_max=draft.ngram_max if draft.method == "ngram" else None,
-                        concurrency=concurrency, request_rate=request_rate,
+                        concurrency=concurrency, request_rate=request_rate, gamma_schedule=schedule,
                     ))
     return points if launch_key is None else order_by_launch(points, launch_key)
 

@@ -46,7 +46,8 @@ class Outcome:
 
 
 class Evaluator(Protocol):
-    def baseline(self, temperature: float, top_p: float) -> tuple[PointSpec, pd.DataFrame]: ...
+    def baseline(self, temperature: float, top_p: float, *, concurrency: int | None = 1,
+                 request_rate: float | None = None) -> tuple[PointSpec, pd.DataFrame]: ...
     def run(self, spec: PointSpec, after_batch: AfterBatch) -> Outcome: ...
     def context(self, spec: PointSpec) -> dict[str, Any]: ...
     def verify_costs(self, max_tokens: int) -> tuple[float, ...]: ...
@@ -58,9 +59,10 @@ class Live:
         self.ctx = ctx
         self.files = files
 
-    def baseline(self, temperature: float, top_p: float) -> tuple[PointSpec, pd.DataFrame]:
-        """Measured once per output folder: local workers wait for the one that runs it."""
-        spec = PointSpec.baseline(temperature, top_p)
+    def baseline(self, temperature: float, top_p: float, *, concurrency: int | None = 1,
+                 request_rate: float | None = None) -> tuple[PointSpec, pd.DataFrame]:
+        """Measured once per output folder and load level: local workers wait for the one that runs it."""
+        spec = PointSpec.baseline(temperature, top_p, concurrency=concurrency, request_rate=request_rate)
         with self.files.lock("baseline"):
             with self.files.lock():  # never read a parquet file while another process replaces it
                 rows = self.files.recorded(spec, self.ctx)
@@ -119,12 +121,13 @@ class Replay:
         self.requests = requests
         self.prompt_order = list(manifest.get("workload", {}).get("prompt_ids") or dict.fromkeys(requests["prompt_id"]))
 
-    def baseline(self, temperature: float, top_p: float) -> tuple[PointSpec, pd.DataFrame]:
-        spec = PointSpec.baseline(temperature, top_p)
+    def baseline(self, temperature: float, top_p: float, *, concurrency: int | None = 1,
+                 request_rate: float | None = None) -> tuple[PointSpec, pd.DataFrame]:
+        spec = PointSpec.baseline(temperature, top_p, concurrency=concurrency, request_rate=request_rate)
         rows = self._rows(spec)
         if rows is None:
             raise TuneError(f"--replay {self.folder}: the recording has no baseline at temperature {temperature:g}, "
-                            f"top_p {top_p:g}")
+                            f"top_p {top_p:g}, {spec.load_level}")
         return spec, rows
 
     def run(self, spec: PointSpec, after_batch: AfterBatch) -> Outcome:
@@ -151,8 +154,18 @@ class Replay:
             & (self.points["temperature"] == spec.temperature) & (self.points["top_p"] == spec.top_p)
             & (self.points["gamma"].isna() if spec.gamma is None else self.points["gamma"] == spec.gamma)
             & (self.points["ngram_max"].isna() if spec.ngram_max is None else self.points["ngram_max"] == spec.ngram_max)
+            & self._at_load(spec)
         ]
         return match.iloc[0].to_dict() if len(match) else None
+
+    def _at_load(self, spec: PointSpec) -> pd.Series:
+        """Rows at `spec`'s load level (recordings from before the load axes ran one request at a time)."""
+        points = self.points
+        rate = points["request_rate"] if "request_rate" in points else pd.Series(float("nan"), index=points.index)
+        concurrency = points["concurrency"].fillna(1) if "concurrency" in points else pd.Series(1, index=points.index)
+        if spec.request_rate is not None:
+            return rate == spec.request_rate
+        return rate.isna() & (concurrency == spec.concurrency)
 
     def _rows(self, spec: PointSpec) -> pd.DataFrame | None:
         """The recorded requests of the point, relabelled with `spec`'s point id, in prompt order."""

@@ -28,12 +28,13 @@ class NotMeasured(ValueError):
 
 
 def measure(spec: PointSpec, rows: pd.DataFrame, *, baseline: PointSpec, baseline_rows: pd.DataFrame,
-            objective: Objective, context: dict[str, Any]) -> Measurement:
-    """The objective over the prompts in `rows` (the baseline is restricted to the same prompts)."""
+            objective: Objective, context: dict[str, Any], slo: dict[str, float] | None = None) -> Measurement:
+    """The objective over the prompts in `rows` (the baseline is restricted to the same prompts); `slo`: the
+    profile's limits, for goodput."""
     baseline_rows = baseline_rows[baseline_rows["prompt_id"].isin(set(rows["prompt_id"]))]
-    metrics = _row(spec, rows, baseline, baseline_rows, context)
-    per_repeat = [_row(spec, rows[rows["repeat"] == r], baseline, baseline_rows[baseline_rows["repeat"] == r], context)
-                  for r in sorted(set(rows["repeat"]))]
+    metrics = _row(spec, rows, baseline, baseline_rows, context, slo)
+    per_repeat = [_row(spec, rows[rows["repeat"] == r], baseline, baseline_rows[baseline_rows["repeat"] == r], context,
+                       slo) for r in sorted(set(rows["repeat"]))]
     values = []
     for index, column in enumerate(objective.columns):
         if column == "peak_memory_mb":  # a peak over all requests, not a per-repeat statistic
@@ -50,9 +51,10 @@ def measure(spec: PointSpec, rows: pd.DataFrame, *, baseline: PointSpec, baselin
 
 
 def _row(spec: PointSpec, rows: pd.DataFrame, baseline: PointSpec, baseline_rows: pd.DataFrame,
-         context: dict[str, Any]) -> dict[str, Any]:
-    both = pd.concat([baseline_rows, rows], ignore_index=True)
-    points = summary.summarize([baseline, spec], both, failures={}, context={spec.point_id: context})
+         context: dict[str, Any], slo: dict[str, float] | None) -> dict[str, Any]:
+    both = pd.concat([baseline_rows, rows], ignore_index=True) if spec != baseline else rows
+    points = summary.summarize([baseline, spec] if spec != baseline else [spec], both, failures={},
+                               context={spec.point_id: context}, slo=slo or None)
     row = points[points["point_id"] == spec.point_id].iloc[0].to_dict()
     return {key: plain(value) for key, value in row.items()}
 

@@ -4,6 +4,7 @@ study), recommendation.json (the choice per temperature and how to deploy it) an
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -13,14 +14,19 @@ from specbench import results
 from specbench.profile import dump_profile, profile_from_dict
 from specbench.scaleout.storage import masked
 from specbench.tune.plan import RECOMMENDATION_JSON, RECOMMENDATION_TOML, TRIALS_FILE, Plan, TuneResult
-from specbench.tune.recommend import choose, engine_settings, llama_cpp_binary, read_help
+from specbench.engines import ENGINES
+from specbench.tune.load import max_num_seqs, mix_value
+from specbench.tune.load import recommend as load_recommend
+from specbench.tune.recommend import (
+    choose, engine_settings, hub_reference, llama_cpp_binary, read_help, speculation_of,
+)
 from specbench.tune.space import SearchSpace
 
 _TRIAL_COLUMNS = [
     "study", "number", "state", "role", "point_id", "draft", "gamma", "ngram_max", "temperature", "top_p",
     "value", "values", "noise", "repeat_values", "feasible", "constraint_values", "evaluated", "predicted_speedup",
     "warm_start_prediction", "prompts_measured", "sampled_point_id", "sampled_held_by", "duplicate_of", "trial_error",
-    "worker", "datetime_start", "datetime_complete",
+    "worker", "datetime_start", "datetime_complete", "level_values",
 ]
 
 
@@ -49,6 +55,9 @@ def trial_rows(study: optuna.Study, *, space: SearchSpace, temperature: float, t
                                             top_p=top_p).point_id if "sampled" in attrs else None,
             "sampled_held_by": attrs.get("sampled_held_by"),
             "duplicate_of": attrs.get("duplicate_of"), "trial_error": attrs.get("error"), "worker": attrs.get("worker"),
+            # several load levels: the objective at each (the value is their mix); `levels` is each level's figures
+            "level_values": [level["value"] for level in attrs["levels"]] if attrs.get("levels") else None,
+            "levels": attrs.get("levels"),
             "datetime_start": trial.datetime_start, "datetime_complete": trial.datetime_complete,
         }
         for column in results.POINT_COLUMNS:
@@ -74,9 +83,11 @@ def write(plan: Plan, studies: dict[str, optuna.Study]) -> TuneResult:
     binary = llama_cpp_binary(plan.profile)
     engines = {"llama_cpp_binary": binary, "llama_cpp_help": read_help(binary)}  # its flag names, where it is known
     for group in plan.groups:
-        rows = trial_rows(studies[group.study], space=plan.space, temperature=group.temperature, top_p=group.top_p)
+        study = studies[group.study]
+        rows = trial_rows(study, space=plan.space, temperature=group.temperature, top_p=group.top_p)
         all_rows += rows
-        choices.append(_recommendation(plan, group, rows, engines=engines))
+        choices.append(_recommendation(plan, group, rows, engines=engines,
+                                       baselines=study.user_attrs.get("load_baselines")))
     recommendation = {
         "objective": {"name": plan.settings.objective.name, "columns": list(plan.settings.objective.columns),
                       "directions": list(plan.settings.objective.directions)},
@@ -90,6 +101,8 @@ def write(plan: Plan, studies: dict[str, optuna.Study]) -> TuneResult:
         "target": plan.profile.target.model, "search_space": plan.space.describe(),
         "space_size": len(plan.space.configs()), "temperatures": choices,
     }
+    if len(plan.levels) > 1:
+        recommendation["load_levels"] = [level.as_dict() for level in plan.levels]
     profile_toml = recommendation_profile(plan, choices)
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     frame = trials_frame(all_rows)
@@ -99,12 +112,17 @@ def write(plan: Plan, studies: dict[str, optuna.Study]) -> TuneResult:
     return TuneResult(plan.out_dir, frame, recommendation, profile_toml)
 
 
-def _recommendation(plan: Plan, group, rows: list[dict[str, Any]], *, engines: dict[str, Any]) -> dict[str, Any]:
+def _recommendation(plan: Plan, group, rows: list[dict[str, Any]], *, engines: dict[str, Any],
+                    baselines: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     objective = plan.settings.objective
     finished = [r for r in rows if r["state"] in ("COMPLETE", "PRUNED")]
     evaluated = {r["point_id"] for r in rows if r["evaluated"]}
     held = {r["point_id"] for r in rows if r["state"] in ("COMPLETE", "PRUNED") or r["trial_error"] is not None}
     chosen, front = choose(rows, objective=objective, tolerance=plan.settings.tolerance)
+    if len(plan.levels) > 1:
+        return _load_recommendation(plan, group, rows, chosen, engines=engines, baselines=baselines or [],
+                                    counts={"trials": len(finished), "evaluations": len(evaluated),
+                                            "space_exhausted": len(held) >= len(plan.space.configs())})
     speculate = chosen is not None and _measurably_faster(chosen)
     entry: dict[str, Any] = {
         "temperature": group.temperature, "top_p": group.top_p, "study": group.study,
@@ -140,6 +158,63 @@ def _recommendation(plan: Plan, group, rows: list[dict[str, Any]], *, engines: d
     return entry
 
 
+def _load_recommendation(plan: Plan, group, rows: list[dict[str, Any]], chosen: dict[str, Any] | None, *,
+                         engines: dict[str, Any], baselines: list[dict[str, Any]], counts: dict[str, Any]) -> dict[str, Any]:
+    """Several load levels: the single setting best over the load mix (`chosen`), and `load` (see
+    specbench.tune.load): per level, the crossover, the gamma schedule. Speculation is recommended when the single
+    setting beats the baseline over the mix, or the schedule drafts at some level."""
+    objective, target = plan.settings.objective, plan.profile.target.model
+    baseline_mix = mix_value([b.get("value") for b in baselines], plan.levels) if baselines else None
+    sign = 1 if objective.directions[0] == "maximize" else -1
+    single = chosen if chosen is not None and (baseline_mix is None or sign * (chosen["value"] - baseline_mix) > 0) else None
+
+    def speculative_config(row: dict[str, Any], ranges) -> dict[str, Any]:
+        speculation = speculation_of(row, hub_reference)
+        return ENGINES["vllm"].speculative_config(replace(speculation, gamma=max(g for _, _, g in ranges),
+                                                          gamma_schedule=tuple(ranges)))
+
+    load = load_recommend(rows, levels=plan.levels, baselines=baselines or [{}] * len(plan.levels), objective=objective,
+                          tolerance=plan.settings.tolerance, single=single, max_batch=max_num_seqs(plan.profile),
+                          speculative_config=speculative_config)
+    schedule = load["schedule"]
+    if schedule is not None and single is not None and schedule["uniform"] and schedule["draft"] == single["draft"] \
+            and schedule["ngram_max"] == _int(single.get("ngram_max")) and schedule["gammas"][0]["gamma"] == single["gamma"]:
+        schedule["same_as_single"] = True  # one gamma everywhere, the single setting's: nothing else to launch
+    entry: dict[str, Any] = {
+        "temperature": group.temperature, "top_p": group.top_p, "study": group.study, **counts,
+        "speculate": single is not None or schedule is not None, "baseline_mix_value": baseline_mix,
+    }
+    if single is not None:
+        entry.update({"trial": single["number"], "point_id": single["point_id"], "method": single["method"],
+                      "draft": single["draft"], "draft_model": single["draft_model"],
+                      "draft_quantize": single["draft_quantize"], "gamma": single["gamma"],
+                      "ngram_min": single["ngram_min"], "ngram_max": single["ngram_max"],
+                      "objective_value": single["value"], "level_values": single["level_values"]})
+    entry["reason"] = (
+        f"over the load mix, {single['point_id']} is the best single setting ({objective.name} {single['value']:.4g} "
+        f"against the baseline's {baseline_mix:.4g})" if single is not None and baseline_mix is not None else
+        "no single setting beats the baseline over the load mix" if chosen is not None else
+        "no completed trial satisfies the constraints")
+    settings = engine_settings(single, target=target, temperature=group.temperature, top_p=group.top_p, **engines)
+    if schedule is not None and not schedule.get("same_as_single"):
+        variant = next(r for r in rows if r.get("levels") and r["draft"] == schedule["draft"]
+                       and _int(r.get("ngram_max")) == schedule["ngram_max"])
+        scheduled = engine_settings(variant,
+                                    target=target, temperature=group.temperature, top_p=group.top_p,
+                                    gamma_schedule=tuple(tuple(r) for r in schedule["batch_size_ranges"]), **engines)
+        settings["vllm"] = scheduled["vllm"]
+        settings["notes"].append("vLLM: a gamma per batch size (num_speculative_tokens_per_batch_size), tuned per "
+                                 "concurrency level; the other engines have no such setting and get the single "
+                                 "setting best over the load mix")
+    entry["engine_settings"] = settings
+    entry["load"] = load
+    return entry
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None or value != value else int(value)
+
+
 def _measurably_faster(row: dict[str, Any]) -> bool:
     """Speculate only when the baseline is outside the speedup's 95 % CI (or, without a CI, when the
     speedup alone is above 1)."""
@@ -154,33 +229,60 @@ def _ratio(value: Any) -> str:
 
 
 def recommendation_profile(plan: Plan, choices: list[dict[str, Any]]) -> str:
-    """The tuned profile narrowed to the recommended drafts, gammas and temperatures. When temperatures
-    recommend different points, `specbench run` runs their combinations too (a profile is a grid)."""
+    """The tuned profile narrowed to the recommended drafts, gammas and temperatures, at the profile's load levels;
+    under load, the gamma schedule too (a draft with its gamma_schedule), so that `specbench run` launches exactly
+    what is recommended beside the single setting and the baseline. When temperatures recommend different points,
+    `specbench run` runs their combinations too (a profile is a grid)."""
     data = profile_from_dict_data(plan)
     drafts, gammas = {}, []
     for choice in choices:
-        if not choice.get("speculate"):
-            continue
-        original = next(d for d in data["drafts"] if d["name"] == choice["draft"])
-        draft = dict(original)
-        if draft["method"] == "ngram":
-            draft["ngram_max"] = int(choice["ngram_max"])
-            tuned_name = f"{original['name']}-n{draft['ngram_max']}"
-            if choice["point_id"].startswith(f"{tuned_name}-g"):  # the search named it so: keep the point id
-                draft["name"] = tuned_name
-        drafts[draft["name"]] = draft
-        gammas.append(int(choice["gamma"]))
+        names: dict[str, str] = {}
+        if choice.get("point_id") is not None and choice.get("speculate"):
+            draft = _tuned_draft(data, plan.space, choice["draft"], choice.get("ngram_max"))
+            drafts[draft["name"]] = draft
+            gammas.append(int(choice["gamma"]))
+            names["single"] = draft["name"]
+        schedule = (choice.get("load") or {}).get("schedule")
+        if schedule is not None and not schedule.get("same_as_single"):
+            draft = _tuned_draft(data, plan.space, schedule["draft"], schedule["ngram_max"])
+            draft["name"] = f"{draft['name']}-dynamic"
+            draft["gamma_schedule"] = schedule["batch_size_ranges"]
+            drafts[draft["name"]] = draft
+            names["schedule"] = draft["name"]
+        if choice.get("load") is not None:
+            choice["load"]["profile_drafts"] = names
     data["name"] = f"{plan.profile.name}-recommended"
     data["drafts"] = list(drafts.values())
-    data["sweep"] = {"gamma": sorted(set(gammas)) or [1],
-                     "temperature": list(dict.fromkeys(c["temperature"] for c in choices)),
-                     "top_p": list(dict.fromkeys(c["top_p"] for c in choices))}
+    sweep = {"gamma": sorted(set(gammas)) or [1],
+             "temperature": list(dict.fromkeys(c["temperature"] for c in choices)),
+             "top_p": list(dict.fromkeys(c["top_p"] for c in choices))}
+    for axis in ("concurrency", "request_rate"):  # measured at the load levels it was tuned at
+        if axis in data["sweep"]:
+            sweep[axis] = data["sweep"][axis]
+    data["sweep"] = sweep
     profile = profile_from_dict(data)
     header = [f"# specbench tune: objective {plan.settings.objective.name}; recommended per temperature:"]
     for choice in choices:
-        what = choice.get("point_id") if choice.get("speculate") else "no speculation (the baseline)"
+        what = choice.get("point_id") if choice.get("speculate") and choice.get("point_id") else "no speculation (the baseline)"
         header.append(f"#   temperature {choice['temperature']:g}, top_p {choice['top_p']:g}: {what}")
+        schedule = (choice.get("load") or {}).get("schedule")
+        if schedule is not None:
+            steps = ", ".join(f"{g['load']}: gamma {g['gamma']}" for g in schedule["gammas"])
+            header.append(f"#     gamma per concurrency ({schedule['draft']}): {steps}; vLLM batch sizes "
+                          f"{schedule['batch_size_ranges']}")
     return "\n".join(header) + "\n" + dump_profile(profile)
+
+
+def _tuned_draft(data: dict[str, Any], space: SearchSpace, name: str, ngram_max: Any) -> dict[str, Any]:
+    """The profile's draft `name` with the chosen n-gram length, named as the search named it (`<name>-n<length>`
+    where the length was tuned), so that its points keep their ids."""
+    draft = dict(next(d for d in data["drafts"] if d["name"] == name))
+    if draft["method"] == "ngram" and ngram_max is not None and ngram_max == ngram_max:
+        draft["ngram_max"] = int(ngram_max)
+        choice = space.draft(name)
+        if choice.ngram_max_low != choice.ngram_max_high:
+            draft["name"] = f"{name}-n{draft['ngram_max']}"
+    return draft
 
 
 def profile_from_dict_data(plan: Plan) -> dict[str, Any]:

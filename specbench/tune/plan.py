@@ -3,6 +3,7 @@ top_p) and the plan every worker receives; the tune's result."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from specbench.scaleout.storage import (
     DEFAULT_STORAGE_FILE, check_study, delete_study, open_storage, storage_url,
 )
 from specbench.tune.evaluate import Replay
+from specbench.tune.load import LoadLevel, plan_levels
 from specbench.tune.space import Constraints, Objective, SearchSpace, TuneError, space_from_profile
 from specbench.tune.warmstart import unavailable_with
 
@@ -41,6 +43,8 @@ class TuneSettings:
     study: str | None = None
     workers: int = 1
     fresh: bool = False
+    load_mix: str | None = None  # --load-mix: the weight of each load level (default: the profile's [load] mix)
+    verify: bool = True  # launch what is recommended (a server backend) and measure it beside the alternatives
 
     def __post_init__(self) -> None:
         for name in ("trials", "workers"):
@@ -70,6 +74,7 @@ class Plan:
     storage_url: str
     groups: tuple[Group, ...]
     replay: Path | None
+    levels: tuple[LoadLevel, ...] = (LoadLevel(1, None, 1.0),)  # the load levels every trial is measured at
 
     @property
     def warm_start_unavailable(self) -> str | None:
@@ -78,10 +83,13 @@ class Plan:
 
     def attrs(self, group: Group) -> dict[str, Any]:
         """Stored with each study; a study is resumed only with the same ones."""
-        return {"search_space": self.space.describe(), "objective": self.settings.objective.name,
-                "constraints": [self.settings.constraints.max_peak_memory_mb,
-                                self.settings.constraints.min_acceptance_rate],
-                "temperature": group.temperature, "top_p": group.top_p}
+        attrs = {"search_space": self.space.describe(), "objective": self.settings.objective.name,
+                 "constraints": [self.settings.constraints.max_peak_memory_mb,
+                                 self.settings.constraints.min_acceptance_rate],
+                 "temperature": group.temperature, "top_p": group.top_p}
+        if len(self.levels) > 1:  # a trial's value is the objective over these levels, weighted so
+            attrs["load_levels"] = [[level.concurrency, level.request_rate, level.weight] for level in self.levels]
+        return attrs
 
 
 @dataclass
@@ -101,7 +109,16 @@ def make_plan(profile: Profile | None, *, out_dir: Path, settings: TuneSettings,
     space = space_from_profile(profile, tune_ngram=replay is None)
     base = settings.study or f"{profile.name}-{settings.objective.name}"
     groups = tuple(Group(t, p, study_name(base, t, p)) for t, p in temperature_groups(profile))
-    plan = Plan(profile, space, settings, out_dir, storage_url(settings.storage, out_dir), groups, replay)
+    where = str(profile.source) if profile.source else "profile"
+    levels = plan_levels(profile, settings.load_mix or profile.load.mix,
+                         key="--load-mix" if settings.load_mix else f"{where}: load.mix")
+    if settings.objective.name == "goodput" and not profile.slo.limits():
+        raise TuneError(f"--objective goodput: {where} has no [slo] table: goodput counts the requests that meet "
+                        "every SLO (add e.g. [slo] ttft_ms = 2000, tpot_ms = 150)")
+    if len(levels) > 1 and settings.objective.is_pareto:
+        raise TuneError("--objective pareto: with several load levels, tune one objective over the load mix "
+                        "(tokens_per_s, speedup, goodput or a latency percentile)")
+    plan = Plan(profile, space, settings, out_dir, storage_url(settings.storage, out_dir), groups, replay, levels)
     if settings.storage is not None or (out_dir / DEFAULT_STORAGE_FILE).exists():
         storage = open_storage(plan.storage_url)
         if not settings.fresh:
@@ -123,5 +140,7 @@ def clear(plan: Plan) -> None:
         names += [results.REQUESTS_FILE, results.POINTS_FILE, results.MANIFEST_FILE]
     for name in names:
         (plan.out_dir / name).unlink(missing_ok=True)
+    if plan.replay is None:
+        shutil.rmtree(plan.out_dir / "verify", ignore_errors=True)  # the verification run of an earlier recommendation
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,8 @@ def pareto_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def engine_settings(row: dict[str, Any] | None, *, target: str, temperature: float, top_p: float,
-                    llama_cpp_binary: str | None = None, llama_cpp_help: str | None = None) -> dict[str, Any]:
+                    llama_cpp_binary: str | None = None, llama_cpp_help: str | None = None,
+                    gamma_schedule=None) -> dict[str, Any]:
     """Ready-to-use settings for vLLM, SGLang, the llama.cpp server and transformers `generate()`. The serving
     engines' flags come from `specbench.engines`, the mapping the server backend launches them with; llama.cpp's
     flag names follow `llama_cpp_help` (the binary's --help) where it is known, else its 2026 names. A builtin
@@ -65,15 +67,17 @@ def engine_settings(row: dict[str, Any] | None, *, target: str, temperature: flo
         generate = {**sampling, "prompt_lookup_num_tokens": int(row["gamma"]),
                     "max_matching_ngram_size": int(row["ngram_max"])}
     else:
-        generate = {**sampling, "assistant_model": _hub(row["draft_model"]), "num_assistant_tokens": int(row["gamma"]),
+        generate = {**sampling, "assistant_model": hub_reference(row["draft_model"]), "num_assistant_tokens": int(row["gamma"]),
                     "num_assistant_tokens_schedule": "constant"}
         notes.append("transformers: load assistant_model with AutoModelForCausalLM.from_pretrained(path) and pass "
                      "the model object")
         if row.get("draft_quantize"):
             notes.append(f"the draft was measured {row['draft_quantize']}-quantised by specbench (dynamic, CPU); "
                          "engines load it as stored")
-    hub, gguf = _speculation(row, _hub), _speculation(row, _gguf)
-    vllm = _serving("vllm", hub, target=_hub(target), binary="python")
+    hub, gguf = speculation_of(row, hub_reference), speculation_of(row, _gguf)
+    if gamma_schedule is not None:  # a gamma per batch size: vLLM only (the others refuse it, and say so)
+        hub = gguf = replace(hub, gamma=max(g for _, _, g in gamma_schedule), gamma_schedule=gamma_schedule)
+    vllm = _serving("vllm", hub, target=hub_reference(target), binary="python")
     if "error" not in vllm:
         vllm["speculative_config"] = ENGINES["vllm"].speculative_config(hub)
     llama_cpp = _serving("llama.cpp", gguf, target=_gguf(target), binary=llama_cpp_binary or "llama-server",
@@ -84,11 +88,11 @@ def engine_settings(row: dict[str, Any] | None, *, target: str, temperature: flo
         notes.append(f"llama.cpp: flags as {llama_cpp_binary} --help names them" if llama_cpp_help and llama_cpp_binary
                      else "llama.cpp: flags as llama-server names them since 2026 (--spec-type, --spec-draft-n-max); "
                           "an older build names them differently")
-    return {"vllm": vllm, "sglang": _serving("sglang", hub, target=_hub(target), binary="python"),
+    return {"vllm": vllm, "sglang": _serving("sglang", hub, target=hub_reference(target), binary="python"),
             "llama_cpp": llama_cpp, "request": request, "transformers": {"generate_kwargs": generate}, "notes": notes}
 
 
-def _speculation(row: dict[str, Any] | None, reference) -> Speculation:
+def speculation_of(row: dict[str, Any] | None, reference) -> Speculation:
     """The recommended row as the engines' mapping takes it, with the draft model as `reference` gives it."""
     if row is None:
         return Speculation("baseline")
@@ -142,7 +146,7 @@ def _builtin(reference: str | None):
     return builtin_model(builtin_name(reference))  # the profile checked the name
 
 
-def _hub(reference: str) -> str:
+def hub_reference(reference: str) -> str:
     """For vLLM and transformers: a builtin's Hugging Face repository."""
     builtin = _builtin(reference)
     return builtin.hub_id if builtin is not None and builtin.hub_id else reference

@@ -33,7 +33,9 @@ def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
     lines = []
     for choice in recommendation["temperatures"]:
         head = f"[bold]temperature {choice['temperature']:g}, top_p {choice['top_p']:g}[/bold]: "
-        if not choice.get("speculate"):
+        if choice.get("load") is not None:
+            lines += _load_lines(head, choice)
+        elif not choice.get("speculate"):
             lines.append(head + f"no speculation — {escape(str(choice.get('reason', '')))}")
         else:
             ci = choice["speedup_ci"]
@@ -54,6 +56,46 @@ def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
                      f"{recommendation['space_size']} configurations{exhausted}")
     title = f"recommendation ({recommendation['objective']['name']})"
     return Panel(Group(*lines), title=title, title_align="left")
+
+
+def _load_lines(head: str, choice: dict[str, Any]) -> list[str]:
+    """A recommendation over several load levels: the single setting, per level the best configuration, the
+    crossover, the gamma schedule and what the verification measured."""
+    load = choice["load"]
+    single = load.get("single")
+    lines = [head + (f"[bold green]{escape(single['point_id'])}[/bold green] over the load mix"
+                     + (f" (loses at {', '.join(single['loses_at'])})" if single["loses_at"] else "")
+                     if single else f"no single setting — {escape(str(choice.get('reason', '')))}")]
+    for level in load["levels"]:
+        best = level["best"]
+        what = "-" if best is None else (f"{best['point_id']} {fmt(best['speedup'])}x "
+                                          f"[{fmt(best['speedup_ci'][0])}, {fmt(best['speedup_ci'][1])}]")
+        lines.append(f"  {level['load']} (weight {level['weight']:.2f}): best {escape(what)}"
+                     f"{'' if level['speculate'] else ' — the baseline wins'}")
+    lines.append(f"  crossover: {escape(load['crossover']['note'])}")
+    schedule = load.get("schedule")
+    if schedule is not None:
+        steps = ", ".join(f"{g['load']}: {g['gamma'] or 'off'}" for g in schedule["gammas"])
+        lines.append(f"  gamma per concurrency ({escape(schedule['draft'])}): {steps}")
+    vllm = choice["engine_settings"]["vllm"].get("args", [])
+    if vllm:
+        lines.append(f"  vLLM: {escape(' '.join(vllm[:1] + [repr(a) for a in vllm[1:]]))}")
+    verification = load.get("verification")
+    if verification is not None and verification["status"] != "measured":
+        lines.append(f"  verification: {verification['status']} ({escape(str(verification['reason']))})")
+    elif verification is not None:
+        for level in verification["levels"]:
+            parts = [f"{role} {fmt(level[role]['speedup'])}x" for role in ("single", "schedule") if level[role]]
+            versus = level["schedule_vs_single"]
+            if versus is not None and versus["ratio"] is not None:
+                parts.append(f"schedule/single {fmt(versus['ratio'])}x [{fmt(versus['ci'][0])}, {fmt(versus['ci'][1])}]"
+                             + (" [red]worse[/red]" if versus["worse"] else ""))
+            lines.append(f"  verified at {level['load']}: {', '.join(parts)}")
+        if verification["schedule_no_worse"] is not None:
+            lines.append("  the schedule is no worse than the single setting at any level" if
+                         verification["schedule_no_worse"] else
+                         "  [red]the schedule is worse than the single setting at some level (beyond its CI)[/red]")
+    return lines
 
 
 def trials_table(study: str, trials: pd.DataFrame) -> Table:

@@ -32,9 +32,11 @@ from specbench.scaleout.storage import open_storage, open_study, quiet_optuna
 from specbench.scaleout.workers import run_workers
 from specbench.tune import outputs
 from specbench.tune.evaluate import Evaluator, Live, Pruned, Replay
+from specbench.tune.load import IDENTITY_COLUMNS, level_entry, mix_value
 from specbench.tune.measure import NotMeasured, measure
 from specbench.tune.plan import Group, Plan, TuneResult, TuneSettings, clear, make_plan
 from specbench.tune.propose import QueueFirst, record_warm_start
+from specbench.tune.verify import VERIFY_DIR, VerifyProgress, skip_reason, verify
 from specbench.tune.warmstart import calibrate
 
 
@@ -59,7 +61,11 @@ def tune(profile: Profile | None, *, out_dir: Path, settings: TuneSettings, repl
         work(plan, worker_index=0, observer=observer)
     else:
         run_workers(_worker_main, plan, workers=settings.workers, observer=observer)
-    return finish(plan)
+    result = finish(plan)
+    if skip_reason(plan) is None:
+        observer.message("verifying the recommendation: launching it at every load level beside the single setting "
+                         f"and the baseline (into {plan.out_dir / VERIFY_DIR})")
+    return verify(plan, result, observer=VerifyProgress(observer))
 
 
 def _worker_main(plan: Plan, index: int) -> None:
@@ -78,11 +84,31 @@ def work(plan: Plan, *, worker_index: int, observer: TuneObserver) -> None:
             study = open_study(storage, group.study, plan.attrs(group),
                                directions=list(plan.settings.objective.directions), sampler=sampler, pruner=_pruner(plan))
             fail_stale_trials(study, storage, worker=worker)
-            baseline, baseline_rows = evaluator.baseline(group.temperature, group.top_p)
+            baselines = _baselines(study, group, plan=plan, evaluator=evaluator)
             _search(study, storage, group, plan=plan, sampler=sampler, evaluator=evaluator, worker=worker,
-                    baseline=baseline, baseline_rows=baseline_rows, observer=observer)
+                    baselines=baselines, observer=observer)
     finally:
         evaluator.close()
+
+
+def _baselines(study: optuna.Study, group: Group, *, plan: Plan, evaluator: Evaluator) -> list[tuple]:
+    """(spec, rows) of the baseline at each load level; with several levels, each one's objective value is stored
+    with the study (the schedule falls back to it where speculation does not pay)."""
+    baselines = [evaluator.baseline(group.temperature, group.top_p, concurrency=level.concurrency,
+                                    request_rate=level.request_rate) for level in plan.levels]
+    if len(plan.levels) > 1 and "load_baselines" not in study.user_attrs:
+        values = []
+        for spec, rows in baselines:
+            try:
+                measured = measure(spec, rows, baseline=spec, baseline_rows=rows, objective=plan.settings.objective,
+                                   context=evaluator.context(spec), slo=plan.profile.slo.limits())
+                values.append({"point_id": spec.point_id, "value": measured.values[0],
+                               "tokens_per_s": measured.metrics.get("tokens_per_s"),
+                               "goodput": measured.metrics.get("goodput")})
+            except NotMeasured:
+                values.append({"point_id": spec.point_id, "value": None})
+        study.set_user_attr("load_baselines", values)
+    return baselines
 
 
 def _evaluator(plan: Plan, observer: TuneObserver) -> Evaluator:
@@ -117,7 +143,7 @@ def _pruner(plan: Plan) -> optuna.pruners.BasePruner:
 
 
 def _search(study: optuna.Study, storage: BaseStorage, group: Group, *, plan: Plan, sampler: QueueFirst,
-            evaluator: Evaluator, worker: str, baseline, baseline_rows: pd.DataFrame, observer: TuneObserver) -> None:
+            evaluator: Evaluator, worker: str, baselines: list[tuple], observer: TuneObserver) -> None:
     """Ask for trials until the budget is claimed, or every configuration is held, and no other worker's trial
     is left running (one whose worker died gives its point back, and the budget, to this worker)."""
     size = len(plan.space.configs())
@@ -152,8 +178,13 @@ def _search(study: optuna.Study, storage: BaseStorage, group: Group, *, plan: Pl
             release(study, storage, trial)
             raise
         with Heartbeat(study, storage, trial):
-            row = _run_trial(study, trial, spec, config=config, plan=plan, evaluator=evaluator, baseline=baseline,
-                             baseline_rows=baseline_rows)
+            if len(plan.levels) > 1:
+                row = _run_levels(study, trial, config=config, group=group, plan=plan, evaluator=evaluator,
+                                  baselines=baselines)
+            else:
+                (baseline, baseline_rows), = baselines
+                row = _run_trial(study, trial, spec, config=config, plan=plan, evaluator=evaluator, baseline=baseline,
+                                 baseline_rows=baseline_rows)
         observer.trial_finished(group.study, row)
 
 
@@ -170,7 +201,7 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, spec, *, config, plan: 
             return
         try:
             measured = measure(spec, rows, baseline=baseline, baseline_rows=baseline_rows, objective=objective,
-                               context=context)
+                               context=context, slo=plan.profile.slo.limits())
         except NotMeasured:
             return
         trial.report(measured.values[0], step=int(rows["prompt_id"].nunique()))
@@ -181,14 +212,14 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, spec, *, config, plan: 
         outcome = evaluator.run(spec, judge)
     except Pruned as pruned:
         partial = measure(spec, pruned.rows, baseline=baseline, baseline_rows=baseline_rows, objective=objective,
-                          context=context)
+                          context=context, slo=plan.profile.slo.limits())
         _set_measurement(trial, partial, plan, evaluated=True)
         study.tell(trial, state=TrialState.PRUNED)
         return {"number": trial.number, "point_id": spec.point_id, "state": "PRUNED", "value": partial.values[0]}
     if outcome.error is None:
         try:
             measured = measure(spec, outcome.rows, baseline=baseline, baseline_rows=baseline_rows,
-                               objective=objective, context=context)
+                               objective=objective, context=context, slo=plan.profile.slo.limits())
         except NotMeasured as error:
             outcome = replace(outcome, error=str(error))
     if outcome.error is not None:
@@ -205,6 +236,47 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, spec, *, config, plan: 
     study.tell(trial, list(measured.values))
     return {"number": trial.number, "point_id": spec.point_id, "state": "COMPLETE", "value": measured.values[0],
             "evaluated": outcome.evaluated}
+
+
+def _run_levels(study: optuna.Study, trial: optuna.Trial, *, config, group: Group, plan: Plan, evaluator: Evaluator,
+                baselines: list[tuple]) -> dict[str, Any]:
+    """One configuration at every load level (one launch serves them all, in level order); the trial's value is the
+    objective over the load mix, each level's own value kept in its `levels` attr. Not pruned: a level left out
+    would leave the per-level choices without it."""
+    objective = plan.settings.objective
+    entries, violations, evaluated, metrics = [], [], False, {}
+    for level, (baseline, baseline_rows) in zip(plan.levels, baselines):
+        spec = plan.space.point(config, temperature=group.temperature, top_p=group.top_p,
+                                concurrency=level.concurrency, request_rate=level.request_rate)
+        outcome = evaluator.run(spec, lambda rows: None)
+        evaluated = evaluated or outcome.evaluated
+        error = outcome.error
+        if error is None:
+            try:
+                measured = measure(spec, outcome.rows, baseline=baseline, baseline_rows=baseline_rows,
+                                   objective=objective, context=evaluator.context(spec), slo=plan.profile.slo.limits())
+            except NotMeasured as problem:
+                error = str(problem)
+        if error is not None:
+            error = f"{level.label}: {error}"
+            trial.set_user_attr("error", error)
+            trial.set_user_attr("evaluated", evaluated)
+            study.tell(trial, state=TrialState.FAIL)
+            return {"number": trial.number, "point_id": spec.point_id, "state": "FAIL", "error": error}
+        entries.append(level_entry(level, measured.values[0], measured.metrics))
+        violations.append(plan.settings.constraints.violations(measured.metrics))
+        metrics = metrics or {k: measured.metrics.get(k) for k in IDENTITY_COLUMNS}
+    value = mix_value([e["value"] for e in entries], plan.levels)
+    trial.set_user_attr("levels", entries)
+    trial.set_user_attr("metrics", {**metrics, "point_id": plan.space.point(
+        config, temperature=group.temperature, top_p=group.top_p).point_id})
+    trial.set_user_attr("repeat_values", [value])
+    trial.set_user_attr("noise", 0.0)
+    trial.set_user_attr("evaluated", evaluated)
+    trial.set_user_attr("constraints", [max(v) for v in zip(*violations)] if violations and violations[0] else [])
+    study.tell(trial, [value])
+    return {"number": trial.number, "point_id": trial.user_attrs.get("point_id"), "state": "COMPLETE", "value": value,
+            "evaluated": evaluated}
 
 
 def _set_measurement(trial: optuna.Trial, measured, plan: Plan, *, evaluated: bool) -> None:

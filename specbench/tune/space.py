@@ -43,6 +43,9 @@ OBJECTIVES = {
     "tpot_ms_p50": Objective("tpot_ms_p50", ("tpot_ms_p50",), ("minimize",)),
     "e2e_ms_p50": Objective("e2e_ms_p50", ("e2e_ms_p50",), ("minimize",)),
     "e2e_ms_p99": Objective("e2e_ms_p99", ("e2e_ms_p99",), ("minimize",)),
+    "ttft_ms_p99": Objective("ttft_ms_p99", ("ttft_ms_p99",), ("minimize",)),
+    "tpot_ms_p99": Objective("tpot_ms_p99", ("tpot_ms_p99",), ("minimize",)),
+    "goodput": Objective("goodput", ("goodput",), ("maximize",)),  # requests/s meeting every SLO of [slo]
     "pareto": Objective("pareto", ("tokens_per_s", "peak_memory_mb"), ("maximize", "minimize")),
 }
 
@@ -192,15 +195,18 @@ class SearchSpace:
         return [max((c for c in configs if c.draft == d.name), key=lambda c: (c.gamma, c.ngram_max or 0))
                 for d in self.drafts]
 
-    def point(self, config: Config, *, temperature: float, top_p: float) -> PointSpec:
+    def point(self, config: Config, *, temperature: float, top_p: float, concurrency: int | None = 1,
+              request_rate: float | None = None) -> PointSpec:
         draft = self.draft(config.draft)
         tuned = draft.method == "ngram" and draft.ngram_max_low != draft.ngram_max_high
+        concurrency = None if request_rate is not None else concurrency
         return PointSpec(
-            point_id=point_id(draft.name, config.gamma, temperature, top_p, ngram_max=config.ngram_max if tuned else None),
+            point_id=point_id(draft.name, config.gamma, temperature, top_p, ngram_max=config.ngram_max if tuned else None,
+                              concurrency=concurrency, request_rate=request_rate),
             method=draft.method,
             draft=draft.name, gamma=config.gamma, temperature=temperature, top_p=top_p,
             draft_model=draft.model, draft_quantize=draft.quantize,
-            ngram_min=draft.ngram_min, ngram_max=config.ngram_max,
+            ngram_min=draft.ngram_min, ngram_max=config.ngram_max, concurrency=concurrency, request_rate=request_rate,
         )
 
 

@@ -19,7 +19,7 @@ from specbench.backends.base import AfterPrompt, Observer, OnRequest
 from specbench.backends.server import client
 from specbench.backends.server.measure import measure_point
 from specbench.backends.server.process import HOST, ServerFailed, ServerProcess, free_port
-from specbench.engines import ENGINES, EngineError, ServingEngine, Speculation
+from specbench.engines import ENGINES, EngineError, ServingEngine, Speculation, parse_schedule
 from specbench.models import hf_folder, load_tokenizer, resolve_model
 from specbench.profile import Profile, ProfileError
 from specbench.results import PointSpec
@@ -30,7 +30,7 @@ def launch_key(spec: PointSpec) -> tuple:
     """What a launch fixes; the baseline launches without speculation."""
     if spec.method == "baseline":
         return ("baseline",)
-    return (spec.method, spec.draft, spec.draft_model, spec.gamma, spec.ngram_min, spec.ngram_max)
+    return (spec.method, spec.draft, spec.draft_model, spec.gamma, spec.ngram_min, spec.ngram_max, spec.gamma_schedule)
 
 
 class ServerSession:
@@ -144,7 +144,8 @@ class ServerSession:
         target = engine_reference(self.profile.target.model, engine)
         speculation = Speculation(spec.method, spec.gamma,
                                   engine_reference(spec.draft_model, engine) if spec.draft_model else None,
-                                  spec.ngram_min, spec.ngram_max)
+                                  spec.ngram_min, spec.ngram_max,
+                                  parse_schedule(spec.gamma_schedule) if spec.gamma_schedule else None)
         port = free_port()
         if self.settings.command is not None:
             values = {"target": target, "draft": speculation.draft_model or "", "host": HOST, "port": str(port)}
@@ -317,4 +318,6 @@ def _server_report(url: str, api_key: str | None) -> dict[str, Any]:
 
 
 def _slug(spec: PointSpec) -> str:
-    return "baseline" if spec.method == "baseline" else f"{spec.draft}-g{spec.gamma}"
+    if spec.method == "baseline":
+        return "baseline"
+    return f"{spec.draft}-sched" if spec.gamma_schedule else f"{spec.draft}-g{spec.gamma}"

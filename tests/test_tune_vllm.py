@@ -1,0 +1,109 @@
+"""`specbench tune` under load against a real vLLM (its CPU build, made by `make engine-vllm`; skipped where it is
+not installed): n-gram gamma 1-3 tuned over concurrency 1 and 4 on the embedded SmolLM2, then the recommendation
+verified: vLLM launched with exactly the exported settings (the gamma schedule as its
+num_speculative_tokens_per_batch_size) and measured at both levels beside the best single setting and the baseline.
+The schedule must be no worse than the best single setting at either level beyond the CI of their ratio.
+
+vLLM runs with --enforce-eager here: it starts in ~35 s instead of ~95 s (torch.compile), for 7 launches."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from test_server_vllm import VLLM_PYTHON, needs_vllm, vllm_pids
+
+PROFILE = f"""
+name = "vllm-load-tiny"
+backend = "server"
+[server]
+engine = "vllm"
+binary = "{VLLM_PYTHON}"
+ready_timeout_s = 900
+extra_args = ["--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "4", "--enforce-eager"]
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
+[target]
+model = "builtin:smollm2-135m-instruct"
+[[drafts]]
+name = "ngram"
+method = "ngram"
+ngram_min = 2
+ngram_max = 2
+[sweep]
+gamma = [1, 3]
+temperature = [0.0]
+concurrency = [1, 4]
+[workload]
+prompts = "builtin:mixed"
+max_prompts = 6
+max_new_tokens = 32
+[run]
+repeats = 1
+warmup = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vllm-tune")
+    (folder / "load.toml").write_text(PROFILE)
+    before = vllm_pids()
+    result = subprocess.run([sys.executable, "-m", "specbench.cli", "tune", "load.toml", "--trials", "3", "--out", "out"],
+                            cwd=folder, capture_output=True, text=True, timeout=2400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = folder / "out"
+    recommendation = json.loads((out / "recommendation.json").read_text())
+    return recommendation, out, before, result.stdout + result.stderr
+
+
+@needs_vllm
+def test_every_configuration_is_measured_at_both_levels_with_one_launch_each(tuned):
+    recommendation, out, _, _ = tuned
+    assert [level["load"] for level in recommendation["load_levels"]] == ["concurrency 1", "concurrency 4"]
+    trials = pd.read_parquet(out / "trials.parquet")
+    assert len(trials) == 3 and (trials["state"] == "COMPLETE").all()
+    assert all(len(values) == 2 for values in trials["level_values"])
+    (choice,) = recommendation["temperatures"]
+    assert choice["evaluations"] == 3 and recommendation["space_size"] == 3
+    launches = json.loads((out / "manifest.json").read_text())["server"]["launches"]
+    assert len(launches) == 4  # the baseline and one per gamma, each serving both levels
+
+
+@needs_vllm
+def test_the_exported_settings_are_what_the_verification_launched_and_measured(tuned):
+    recommendation, out, before, output = tuned
+    (choice,) = recommendation["temperatures"]
+    load = choice["load"]
+    assert [g["concurrency"] for g in (load["schedule"] or {"gammas": [{"concurrency": 1}, {"concurrency": 4}]})["gammas"]] == [1, 4]
+    verification = load["verification"]
+    assert verification["status"] == "measured", verification
+    manifest = json.loads((out / "verify" / "manifest.json").read_text())
+    configs = [json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else None
+               for argv in (launch["argv"] for launch in manifest["server"]["launches"])]
+    vllm = choice["engine_settings"]["vllm"]
+    exported = json.loads(vllm["args"][vllm["args"].index("--speculative-config") + 1]) if "args" in vllm else None
+    assert exported in configs  # launched exactly as exported, the schedule included
+    assert None in configs  # the baseline beside it
+    schedule = load["schedule"]
+    for level in verification["levels"]:
+        assert level["baseline"] is not None and level["baseline"]["tokens_per_s"] > 0, level
+        if choice.get("point_id") is not None:
+            assert level["single"] is not None and level["single"]["speedup"] > 0, level
+    if schedule is not None and not schedule.get("same_as_single"):
+        assert exported["num_speculative_tokens_per_batch_size"] == schedule["batch_size_ranges"]
+        assert schedule["batch_size_ranges"][0][0] == 1 and schedule["batch_size_ranges"][-1][1] == 4
+        for level in verification["levels"]:
+            versus = level["schedule_vs_single"]
+            if level["single"] is not None:
+                assert versus is not None and versus["ratio"] > 0, level
+                # the tuned schedule is no worse than the best single setting beyond the CI of their ratio
+                assert not versus["worse"], level
+        if choice.get("point_id") is not None:
+            assert verification["schedule_no_worse"] is True
+    print(json.dumps({"levels": load["levels"], "schedule": schedule, "verification": verification}, indent=1))
+    assert vllm_pids() <= before  # every launch of the tune and of the verification is gone
+    assert "verifying the recommendation" in output
