@@ -146,8 +146,8 @@ def _engine_acceptance(row: dict[str, Any], spec: PointSpec) -> dict[str, Any]:
         return {}
     drafts, draft_tokens, accepted = row.get("engine_drafts"), row.get("engine_draft_tokens"), row.get("engine_accepted_tokens")
     out: dict[str, Any] = {"acceptance_rate": accepted / draft_tokens if draft_tokens else None}
-    if drafts:
-        out["mean_accepted_length"] = 1.0 + accepted / drafts
+    if drafts is not None and accepted is not None:  # no drafts: one token per forward pass
+        out["mean_accepted_length"] = 1.0 + accepted / drafts if drafts else 1.0
     positions = row.get("engine_accepted_per_position")
     if positions is not None and len(positions):
         out["accepted_per_position"] = [int(round(v)) for v in positions]

@@ -180,6 +180,7 @@ def _load_recommendation(plan: Plan, group, rows: list[dict[str, Any]], chosen: 
     if schedule is not None and single is not None and schedule["uniform"] and schedule["draft"] == single["draft"] \
             and schedule["ngram_max"] == _int(single.get("ngram_max")) and schedule["gammas"][0]["gamma"] == single["gamma"]:
         schedule["same_as_single"] = True  # one gamma everywhere, the single setting's: nothing else to launch
+        schedule["speculative_config"] = ENGINES["vllm"].speculative_config(speculation_of(single, hub_reference))
     entry: dict[str, Any] = {
         "temperature": group.temperature, "top_p": group.top_p, "study": group.study, **counts,
         "speculate": single is not None or schedule is not None, "baseline_mix_value": baseline_mix,

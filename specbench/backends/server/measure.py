@@ -77,7 +77,8 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
             if after_prompt is not None and concurrency == 1:
                 after_prompt(rows)
     after = _counters(url, prefix, session.api_key)
-    return rows, point_measurements(before, after, rows, peak_mb=peak_rss_mb(pids) if pids else None)
+    return rows, point_measurements(before, after, rows, peak_mb=peak_rss_mb(pids) if pids else None,
+                                    speculates=spec.method != "baseline")
 
 
 def _counters(url: str, prefix: str | None, api_key: str | None) -> SpecCounters | None:
@@ -91,13 +92,14 @@ def _counters(url: str, prefix: str | None, api_key: str | None) -> SpecCounters
 
 
 def point_measurements(before: SpecCounters | None, after: SpecCounters | None, rows: list[dict[str, Any]], *,
-                       peak_mb: float | None) -> dict[str, Any]:
+                       peak_mb: float | None, speculates: bool = True) -> dict[str, Any]:
     """The engine's acceptance over the point, and where it came from: its /metrics counters, else the sum
-    of per-response counts (llama.cpp timings), else nothing — never a guess."""
+    of per-response counts (llama.cpp timings), else nothing — never a guess. A speculating launch whose counters
+    did not move drafted nothing (a gamma schedule's 0 at this batch size): zeros, from the counters."""
     measured: dict[str, Any] = {"server_peak_rss_mb": peak_mb, "acceptance_source": None, "engine_drafts": None,
                                 "engine_draft_tokens": None, "engine_accepted_tokens": None,
                                 "engine_accepted_per_position": None}
-    if before is not None and after is not None and after.minus(before).draft_tokens > 0:
+    if before is not None and after is not None and (speculates or after.minus(before).draft_tokens > 0):
         diff = after.minus(before)
         measured.update(acceptance_source="metrics", engine_drafts=diff.drafts, engine_draft_tokens=diff.draft_tokens,
                         engine_accepted_tokens=diff.accepted_tokens,
