@@ -3,6 +3,8 @@
     load.py      find and read result folders; skip unreadable ones with a reason
     tables.py    the tables as DataFrames (filter, sort, per category, speedup by load, comparison, Pareto front)
     load_tables.py  under load: the crossover per configuration, goodput against the SLO
+    trials.py    a tune's trials, recommendation and importances per study
+    schedule.py  a tune under load: best per load level, crossover, gamma schedule, its verification
     build.py     assemble a Report
     text.py      Markdown, CSV, JSON          html.py   one self-contained HTML file
     plots.py     matplotlib figures as PNG    terminal.py  rich tables

@@ -7,7 +7,7 @@ from html import escape
 
 import pandas as pd
 
-from specbench.report import load_tables, plots, tables, trials
+from specbench.report import load_tables, plots, schedule, tables, trials
 from specbench.report.build import Report, RunReport
 from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line, unstable_warning
 
@@ -24,6 +24,7 @@ tr.best td { background: #e3f5e6; font-weight: bold; }
 tr.failed td { color: #999; }
 tr.mismatch td { background: #fde2e2; color: #a00; font-weight: bold; }
 tr.unstable td { background: #fff6d6; }
+tr.worse td { background: #fde2e2; color: #a00; }
 .warning { background: #fde2e2; border-left: 6px solid #c00; padding: 0.6em 1em; color: #900; font-weight: bold; }
 figure { margin: 1em 0 2em; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 0.9em; }
@@ -132,8 +133,34 @@ def _tune_section(studies: list[trials.StudyReport]) -> list[str]:
         if study.failed:
             section += ["<p>Failed trials:</p>", "<ul>"] + [f"<li>{escape(line)}</li>" for line in study.failed]
             section.append("</ul>")
+        if study.load is not None:
+            section += _schedule_section(study, study.load)
     for plot in plots.tune_plots(studies):
         section.append(_figure(plot))
+    return section
+
+
+def _schedule_section(study: trials.StudyReport, load: dict) -> list[str]:
+    """A tune under load: the best per level, the crossover, the schedule to paste, its verification."""
+    notes = [line for line in (schedule.crossover_line(load), schedule.single_line(load)) if line]
+    section = [f"<h4>{escape(schedule.levels_title(study))}</h4>", _table(schedule.display_levels(load)),
+               "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in notes) + "</ul>",
+               f"<h4>{escape(schedule.schedule_title(study))}</h4>"]
+    gammas = schedule.display_schedule(load)
+    if gammas is not None:
+        section.append(_table(gammas))
+    section.append("<ul>" + "".join(f"<li>{escape(line)}</li>" for line in schedule.schedule_lines(load)) + "</ul>")
+    argument = schedule.speculative_config_arg(load)
+    if argument:
+        section.append(f"<pre><code>{escape(argument)}</code></pre>")
+    verification = schedule.display_verification(load)
+    if verification is not None:
+        classes = ["worse" if worse else "" for worse in schedule.worse_rows(verification)]
+        section += [f"<h4>{escape(schedule.verification_title(study))}</h4>",
+                    _table(verification, row_classes=classes)]
+    verdict = schedule.verification_line(load)
+    if verdict:
+        section.append(f"<p><strong>{escape(verdict)}</strong></p>")
     return section
 
 

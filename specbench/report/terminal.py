@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specbench.report import load_tables, tables, trials
+from specbench.report import load_tables, schedule, tables, trials
 from specbench.report.build import Report, RunReport
 from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line, unstable_warning
 
@@ -59,6 +59,34 @@ def _print_run(console: Console, run_report: RunReport) -> None:
             console.print(f"[red]failed[/red] {escape(line)}", soft_wrap=True)
         if study.not_run:
             console.print(f"[dim]{escape(study.not_run_line)}[/dim]", soft_wrap=True)
+        if study.load is not None:
+            _print_schedule(console, study, study.load)
+
+
+def _print_schedule(console: Console, study: trials.StudyReport, load: dict) -> None:
+    """A tune under load: the best per level, the crossover, the schedule to paste, its verification."""
+    title = schedule.levels_title(study)
+    console.print(_table(schedule.display_levels(load), title=title, min_width=len(title)))
+    for line in (schedule.crossover_line(load), schedule.single_line(load)):
+        if line:
+            console.print(escape(line), soft_wrap=True)
+    gammas = schedule.display_schedule(load)
+    if gammas is not None:
+        title = schedule.schedule_title(study)
+        console.print(_table(gammas, title=title, min_width=len(title)))
+    for line in schedule.schedule_lines(load):
+        console.print(escape(line), soft_wrap=True)
+    argument = schedule.speculative_config_arg(load)
+    if argument:  # one unwrapped, unhighlighted line: copied as it stands
+        console.print(argument, markup=False, highlight=False, soft_wrap=True)
+    verification = schedule.display_verification(load)
+    if verification is not None:
+        styles = ["bold red" if worse else None for worse in schedule.worse_rows(verification)]
+        title = schedule.verification_title(study)
+        console.print(_table(verification, title=title, row_styles=styles, min_width=len(title)))
+    verdict = schedule.verification_line(load)
+    if verdict:
+        console.print(f"[bold]{escape(verdict)}[/bold]", soft_wrap=True)
 
 
 def _print_load(console: Console, run_report: RunReport) -> None:
@@ -99,10 +127,12 @@ def _width(values: pd.Series) -> int:
     return max([len(line) for value in values for line in str(value).splitlines()] + [1])
 
 
-def _table(frame: pd.DataFrame, *, title: str, row_styles: list[str | None] | None = None) -> Table:
-    """Compact (no vertical rules) so a point table fits 120 columns; values never wrap, headers may."""
+def _table(frame: pd.DataFrame, *, title: str, row_styles: list[str | None] | None = None,
+           min_width: int | None = None) -> Table:
+    """Compact (no vertical rules) so a point table fits 120 columns; values never wrap, headers may (and the
+    title, unless min_width keeps the table as wide as it)."""
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
-                  pad_edge=False)
+                  pad_edge=False, min_width=min_width)
     for index, column in enumerate(frame.columns):
         table.add_column(str(column), justify="left" if index == 0 else "right", min_width=_width(frame[column]))
     for style, row in zip(row_styles or [None] * len(frame), frame.itertuples(index=False)):

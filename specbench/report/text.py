@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from specbench.contention import ADVICE
-from specbench.report import load_tables, tables, trials
+from specbench.report import load_tables, schedule, tables, trials
 from specbench.report.build import Report, RunReport
 from specbench.summary import mismatch_warning
 
@@ -108,7 +108,27 @@ def _study_markdown(study: trials.StudyReport) -> list[str]:
     lines += markdown_table(trials.display_trials(study)) + [""]
     if study.failed:
         lines += ["Failed trials:", ""] + [f"- {_cell(line)}" for line in study.failed] + [""]
-    return lines
+    return lines + (_schedule_markdown(study, study.load) if study.load is not None else [])
+
+
+def _schedule_markdown(study: trials.StudyReport, load: dict[str, Any]) -> list[str]:
+    """A tune under load: the best per level, the crossover, the schedule to paste, its verification."""
+    lines = [f"### {schedule.levels_title(study)}", ""] + markdown_table(schedule.display_levels(load)) + [""]
+    lines += [f"- {_cell(line)}" for line in (schedule.crossover_line(load), schedule.single_line(load)) if line]
+    lines += ["", f"### {schedule.schedule_title(study)}", ""]
+    gammas = schedule.display_schedule(load)
+    if gammas is not None:
+        lines += markdown_table(gammas) + [""]
+    lines += [f"- {_cell(line)}" for line in schedule.schedule_lines(load)] + [""]
+    argument = schedule.speculative_config_arg(load)
+    if argument:
+        lines += ["```sh", argument, "```", ""]
+    verification = schedule.display_verification(load)
+    if verification is not None:
+        verification["worse"] = verification["worse"].replace({"WORSE": "**WORSE**"})
+        lines += [f"### {schedule.verification_title(study)}", ""] + markdown_table(verification) + [""]
+    verdict = schedule.verification_line(load)
+    return lines + ([f"**{_cell(verdict)}**", ""] if verdict else [])
 
 
 def markdown_table(frame: pd.DataFrame) -> list[str]:

@@ -56,6 +56,11 @@ class StudyReport:
         return f"{trials} ran nothing (a duplicate of a claimed point, or past the budget); not listed."
 
     @property
+    def load(self) -> dict[str, Any] | None:
+        """The recommendation's entry for a tune under load (schedule.py shows it); None at one load level."""
+        return (self.recommendation or {}).get("load")
+
+    @property
     def title(self) -> str:
         top_p = f", top_p {self.top_p:g}" if self.top_p < 1 else ""
         return f"temperature {self.temperature:g}{top_p} (study {self.study})"
