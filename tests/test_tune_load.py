@@ -225,3 +225,38 @@ def test_a_profile_draft_with_a_gamma_schedule_runs_one_point_per_level(tmp_path
     native.pop("server")
     with pytest.raises(ProfileError, match=r"drafts\[0\]\.gamma_schedule: a gamma per batch size is vLLM's setting"):
         profile_from_dict(native)
+
+
+def test_a_schedule_verified_worse_than_the_single_setting_is_not_what_vllm_gets():
+    """The verification's figures per level; a schedule whose throughput ratio to the single setting has its whole
+    CI below 1 somewhere falls back to the single setting (as vLLM 0.32's CPU build measured here: 0.82x at
+    concurrency 1 with the same gamma 3)."""
+    from specbench.tune.verify import fall_back, measured
+
+    levels = [{"load": "concurrency 1", "concurrency": 1, "request_rate": None},
+              {"load": "concurrency 4", "concurrency": 4, "request_rate": None}]
+    points, requests = [], []
+    for concurrency in (1, 4):
+        for draft, ms in (("baseline", 1000.0), ("ngram", 800.0), ("ngram-dynamic", 960.0 if concurrency == 1 else 800.0)):
+            key = f"{draft}-c{concurrency}"
+            points.append({"point_id": key, "draft": draft, "status": "ok", "temperature": 0.0, "top_p": 1.0,
+                           "concurrency": concurrency, "request_rate": float("nan"), "point_key": key,
+                           "tokens_per_s": 48_000 / ms, "speedup": 1000.0 / ms, "speedup_ci_low": 0.9,
+                           "speedup_ci_high": 1.3})
+            requests += [{"point_key": key, "prompt_id": f"p{i}", "output_tokens": 48,
+                          "e2e_ms": ms * (1 + 0.01 * (i % 3))} for i in range(6)]
+    load = {"levels": levels, "profile_drafts": {"single": "ngram", "schedule": "ngram-dynamic"},
+            "schedule": {"recommended": True}}
+    verification = measured(load, pd.DataFrame(points), pd.DataFrame(requests),
+                            objective={"columns": ["tokens_per_s"], "directions": ["maximize"]}, temperature=0.0, top_p=1.0)
+    first, second = verification["levels"]
+    assert first["schedule_vs_single"]["worse"] and first["schedule_vs_single"]["ratio"] == pytest.approx(800 / 960)
+    assert not second["schedule_vs_single"]["worse"] and verification["schedule_no_worse"] is False
+    assert first["baseline"]["value"] == pytest.approx(48.0) and first["single"]["point_id"] == "ngram-c1"
+    choice = {"load": {**load, "verification": verification},
+              "engine_settings": {"vllm": {"args": ["schedule"]}, "vllm_single": {"args": ["single"]}, "notes": []}}
+    fall_back(choice)
+    assert choice["engine_settings"]["vllm"] == {"args": ["single"]}
+    assert choice["engine_settings"]["vllm_schedule"] == {"args": ["schedule"]}
+    assert choice["load"]["schedule"]["recommended"] is False
+    assert "worse than the single setting at concurrency 1" in choice["load"]["verification"]["fallback"]

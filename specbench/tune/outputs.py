@@ -203,7 +203,8 @@ def _load_recommendation(plan: Plan, group, rows: list[dict[str, Any]], chosen: 
         scheduled = engine_settings(variant,
                                     target=target, temperature=group.temperature, top_p=group.top_p,
                                     gamma_schedule=tuple(tuple(r) for r in schedule["batch_size_ranges"]), **engines)
-        settings["vllm"] = scheduled["vllm"]
+        # recommended unless the verification measures it worse than the single setting (specbench.tune.verify)
+        settings["vllm_single"], settings["vllm"] = settings["vllm"], scheduled["vllm"]
         settings["notes"].append("vLLM: a gamma per batch size (num_speculative_tokens_per_batch_size), tuned per "
                                  "concurrency level; the other engines have no such setting and get the single "
                                  "setting best over the load mix")

@@ -91,7 +91,9 @@ def _load_lines(head: str, choice: dict[str, Any]) -> list[str]:
                 parts.append(f"schedule/single {fmt(versus['ratio'])}x [{fmt(versus['ci'][0])}, {fmt(versus['ci'][1])}]"
                              + (" [red]worse[/red]" if versus["worse"] else ""))
             lines.append(f"  verified at {level['load']}: {', '.join(parts)}")
-        if verification["schedule_no_worse"] is not None:
+        if verification.get("fallback"):
+            lines.append(f"  [yellow]{escape(verification['fallback'])}[/yellow]")
+        elif verification["schedule_no_worse"] is not None:
             lines.append("  the schedule is no worse than the single setting at any level" if
                          verification["schedule_no_worse"] else
                          "  [red]the schedule is worse than the single setting at some level (beyond its CI)[/red]")

@@ -87,10 +87,27 @@ def verify(plan: Plan, result: TuneResult, *, observer: SweepObserver | None = N
             continue
         load["verification"] = measured(load, points, requests, objective=result.recommendation["objective"],
                                         temperature=choice["temperature"], top_p=choice["top_p"])
+        fall_back(choice)
     results.write_json_atomic(result.recommendation, plan.out_dir / RECOMMENDATION_JSON)
     result.profile_toml = _with_verification(result.profile_toml, choices)
     (plan.out_dir / RECOMMENDATION_TOML).write_text(result.profile_toml)
     return result
+
+
+def fall_back(choice: dict[str, Any]) -> None:
+    """A schedule measured worse than the single setting at some level (beyond the CI of their ratio) is not
+    recommended: vLLM gets the single setting, the schedule stays on record (`vllm_schedule`) with the reason."""
+    load, settings = choice["load"], choice["engine_settings"]
+    verification = load["verification"]
+    if verification.get("schedule_no_worse") is not False or "vllm_single" not in settings:
+        return
+    worse = [level["load"] for level in verification["levels"] if (level["schedule_vs_single"] or {}).get("worse")]
+    settings["vllm_schedule"], settings["vllm"] = settings["vllm"], settings.pop("vllm_single")
+    reason = (f"the verification measured the gamma schedule worse than the single setting at {', '.join(worse)} "
+              "(beyond the CI of their ratio): vLLM gets the single setting")
+    load["schedule"]["recommended"] = False
+    verification["fallback"] = reason
+    settings["notes"].append(reason)
 
 
 def measured(load: dict[str, Any], points: pd.DataFrame, requests: pd.DataFrame, *, objective: dict[str, Any],
@@ -176,6 +193,8 @@ def _with_verification(text: str, choices: list[dict[str, Any]]) -> str:
             if versus is not None and versus["ratio"] is not None:
                 parts.append(f"schedule/single {versus['ratio']:.2f}x [{versus['ci'][0]:.2f}, {versus['ci'][1]:.2f}]")
             notes.append(f"#   verified at temperature {choice['temperature']:g}, {level['load']}: {'; '.join(parts)}")
+        if verification.get("fallback"):
+            notes.append(f"#   verified at temperature {choice['temperature']:g}: {verification['fallback']}")
     at = (head[-1] + 1) if head else 0
     return "\n".join(lines[:at] + notes + lines[at:]) + "\n"
 
