@@ -30,11 +30,16 @@ class NotMeasured(ValueError):
 def measure(spec: PointSpec, rows: pd.DataFrame, *, baseline: PointSpec, baseline_rows: pd.DataFrame,
             objective: Objective, context: dict[str, Any], slo: dict[str, float] | None = None) -> Measurement:
     """The objective over the prompts in `rows` (the baseline is restricted to the same prompts); `slo`: the
-    profile's limits, for goodput."""
+    profile's limits, for goodput. One request at a time, each repeat is measured on its own; under load, the
+    point is one measurement (its throughput is over the wall time of all its requests)."""
     baseline_rows = baseline_rows[baseline_rows["prompt_id"].isin(set(rows["prompt_id"]))]
     metrics = _row(spec, rows, baseline, baseline_rows, context, slo)
-    per_repeat = [_row(spec, rows[rows["repeat"] == r], baseline, baseline_rows[baseline_rows["repeat"] == r], context,
-                       slo) for r in sorted(set(rows["repeat"]))]
+    if spec.open_loop or (spec.concurrency or 1) > 1:
+        # under load the requests share one timeline (at a rate, a prompt's "repeat" counts its draws): one measurement
+        per_repeat = [metrics]
+    else:
+        per_repeat = [_row(spec, rows[rows["repeat"] == r], baseline, baseline_rows[baseline_rows["repeat"] == r],
+                           context, slo) for r in sorted(set(rows["repeat"]))]
     values = []
     for index, column in enumerate(objective.columns):
         if column == "peak_memory_mb":  # a peak over all requests, not a per-repeat statistic
