@@ -139,7 +139,9 @@ def test_on_a_real_server_the_latency_grows_only_at_a_rate_it_cannot_keep_up_wit
     finally:
         session.close()
     assert kept_up.achieved_rate == pytest.approx(1.0, rel=0.02), kept_up  # sent on time
-    assert 0 < kept_up.request_throughput < 1.0  # the last request's latency counts, after the sending stopped
+    # n requests over the span from the first send to the last finish: (n - 1) gaps of mean 1 s plus the last
+    # request's latency, so near the rate but on either side of it (1.12 was measured at 8 requests)
+    assert 0.5 < kept_up.request_throughput < 1.5
     # a queue makes the latency grow steeply (3.2 s per s measured here). The "ok" verdict itself is tested on plain
     # data above: on this shared machine other processes stall the server mid-level (a 0.45 s per s growth was
     # measured at 1 request/s, 3 requests taking 8 s while tests ran beside it)
