@@ -134,6 +134,16 @@ def load_labels(points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"load_order": order, "load": labels}, index=index)
 
 
+def at_load(points: pd.DataFrame, *, concurrency: int | None, request_rate: float | None) -> pd.Series:
+    """Which rows of a points table are at this load level (files written before the load axes ran one request
+    at a time)."""
+    rate = points["request_rate"] if "request_rate" in points else pd.Series(float("nan"), index=points.index)
+    if request_rate is not None:
+        return rate == request_rate
+    closed = points["concurrency"].fillna(1) if "concurrency" in points else pd.Series(1, index=points.index)
+    return rate.isna() & (closed == concurrency)
+
+
 def plain(value: Any) -> Any:
     """A parquet cell as a plain Python value (nullable ints come back as floats or NA; lists as arrays)."""
     if hasattr(value, "__len__") and not isinstance(value, (str, bytes, dict)):

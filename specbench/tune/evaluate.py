@@ -154,18 +154,9 @@ class Replay:
             & (self.points["temperature"] == spec.temperature) & (self.points["top_p"] == spec.top_p)
             & (self.points["gamma"].isna() if spec.gamma is None else self.points["gamma"] == spec.gamma)
             & (self.points["ngram_max"].isna() if spec.ngram_max is None else self.points["ngram_max"] == spec.ngram_max)
-            & self._at_load(spec)
+            & results.at_load(self.points, concurrency=spec.concurrency, request_rate=spec.request_rate)
         ]
         return match.iloc[0].to_dict() if len(match) else None
-
-    def _at_load(self, spec: PointSpec) -> pd.Series:
-        """Rows at `spec`'s load level (recordings from before the load axes ran one request at a time)."""
-        points = self.points
-        rate = points["request_rate"] if "request_rate" in points else pd.Series(float("nan"), index=points.index)
-        concurrency = points["concurrency"].fillna(1) if "concurrency" in points else pd.Series(1, index=points.index)
-        if spec.request_rate is not None:
-            return rate == spec.request_rate
-        return rate.isna() & (concurrency == spec.concurrency)
 
     def _rows(self, spec: PointSpec) -> pd.DataFrame | None:
         """The recorded requests of the point, relabelled with `spec`'s point id, in prompt order."""

@@ -104,9 +104,7 @@ def recommend(rows: list[dict[str, Any]], *, levels: tuple[LoadLevel, ...], base
     done = [r for r in rows if r["state"] == "COMPLETE" and r["feasible"] and r.get("levels")]
     per_level = []
     for index, level in enumerate(levels):
-        at_level = [{**r, **r["levels"][index], "value": r["levels"][index]["value"], "noise": 0.0} for r in done
-                    if r["levels"][index].get("value") is not None]
-        best, _ = choose(at_level, objective=objective, tolerance=tolerance)
+        best, _ = choose(_at_level(done, index), objective=objective, tolerance=tolerance)
         single_here = single["levels"][index] if single is not None else None
         per_level.append({
             **level.as_dict(), "baseline_value": baselines[index].get("value"),
@@ -124,6 +122,11 @@ def recommend(rows: list[dict[str, Any]], *, levels: tuple[LoadLevel, ...], base
     out["schedule"] = schedule(done, levels=levels, baselines=baselines, objective=objective, tolerance=tolerance,
                                max_batch=max_batch, speculative_config=speculative_config)
     return out
+
+
+def _at_level(rows: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+    """The trial rows as measured at level `index` (its point and figures; one measurement, so no noise band)."""
+    return [{**r, **r["levels"][index], "noise": 0.0} for r in rows if r["levels"][index].get("value") is not None]
 
 
 def _describe(row: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -191,9 +194,7 @@ def schedule(done: list[dict[str, Any]], *, levels: tuple[LoadLevel, ...], basel
         rows = [r for r in done if (r["draft"], _int(r.get("ngram_max"))) == variant]
         gammas, total, weight = [], 0.0, 0.0
         for index, level in closed:
-            at_level = [{**r, **r["levels"][index], "value": r["levels"][index]["value"], "noise": 0.0} for r in rows
-                        if r["levels"][index].get("value") is not None]
-            best, _ = choose(at_level, objective=objective, tolerance=tolerance)
+            best, _ = choose(_at_level(rows, index), objective=objective, tolerance=tolerance)
             pays = measurably_faster(best)
             gammas.append({"load": level.label, "concurrency": level.concurrency,
                            "gamma": _int(best["gamma"]) if pays else 0,

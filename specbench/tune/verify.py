@@ -118,7 +118,7 @@ def measured(load: dict[str, Any], points: pd.DataFrame, requests: pd.DataFrame,
     here = points[(points["temperature"] == temperature) & (points["top_p"] == top_p)]
     levels, no_worse = [], True
     for level in load["levels"]:
-        at = here[_at_level(here, level)]
+        at = here[results.at_load(here, concurrency=level["concurrency"], request_rate=level["request_rate"])]
         entry: dict[str, Any] = {"load": level["load"], "concurrency": level["concurrency"],
                                  "request_rate": level["request_rate"]}
         rows = {role: _row(at, draft) for role, draft in (("baseline", "baseline"), ("single", names.get("single")),
@@ -133,13 +133,6 @@ def measured(load: dict[str, Any], points: pd.DataFrame, requests: pd.DataFrame,
     has_schedule = any(level["schedule_vs_single"] is not None for level in levels)
     return {"status": "measured", "reason": None, "folder": VERIFY_DIR, "objective": column, "direction": direction,
             "levels": levels, "schedule_no_worse": no_worse if has_schedule else None}
-
-
-def _at_level(points: pd.DataFrame, level: dict[str, Any]) -> pd.Series:
-    rate = points["request_rate"] if "request_rate" in points else pd.Series(float("nan"), index=points.index)
-    if level["request_rate"] is not None:
-        return rate == level["request_rate"]
-    return rate.isna() & (points["concurrency"].fillna(1) == level["concurrency"])
 
 
 def _row(points: pd.DataFrame, draft: str | None) -> dict[str, Any] | None:
