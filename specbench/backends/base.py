@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # the profile validates backend names against this package: no import at run time
     from specbench.profile import Profile
     from specbench.results import PointSpec
+    from specbench.workload_build import Workload
     from specbench.workloads import Prompt
 
 OnRequest = Callable[[], None]  # called after each measured request (progress)
@@ -25,6 +26,7 @@ class Session(Protocol):
     """What one process holds open to run any number of points of a profile."""
 
     backend: str
+    workload: Workload  # what is sent: prompts, their token ids, each request's output budget
     prompts: list[Prompt]
     prompt_tokens: list[int]  # per prompt, in the target's tokenizer
 

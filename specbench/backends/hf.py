@@ -15,10 +15,10 @@ class HfSession(InProcessSession):
     def generate_one(self, spec: PointSpec) -> GenerateOne:
         m = self.models
         draft = m.draft_model(spec)
-        return lambda ids, seed: hf_generate(
+        return lambda ids, seed, max_new_tokens: hf_generate(
             m.target.model, ids, method=spec.method, gamma=spec.gamma or 1, seed=seed,
             draft=draft.model if draft else None, ngram_max=spec.ngram_max or 3, temperature=spec.temperature,
-            top_p=spec.top_p, max_new_tokens=m.profile.workload.max_new_tokens, eos_token_ids=m.eos_token_ids)
+            top_p=spec.top_p, max_new_tokens=max_new_tokens, eos_token_ids=m.eos_token_ids)
 
 
 BACKEND = InProcessBackend("hf", HfSession)

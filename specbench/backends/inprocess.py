@@ -23,9 +23,10 @@ from specbench.errors import one_line
 from specbench.models import LoadedModel, ModelError, check_same_vocabulary, load_model
 from specbench.profile import Profile, ProfileError
 from specbench.results import PointSpec
-from specbench.workloads import Prompt, encode_prompt, load_prompts
+from specbench.workload_build import Workload, build_workload
+from specbench.workloads import Prompt
 
-GenerateOne = Callable[[list[int], int], Trace]  # (prompt ids, seed) -> one request's trace
+GenerateOne = Callable[[list[int], int, int], Trace]  # (prompt ids, seed, max_new_tokens) -> one request's trace
 
 
 @dataclass
@@ -37,9 +38,16 @@ class LoadedModels:
     dtype: torch.dtype
     target: LoadedModel
     drafts: dict[str, LoadedModel | Exception]  # a draft's model, or why it could not be loaded
-    prompts: list[Prompt]
-    prompt_ids: list[list[int]]
-    eos_token_ids: tuple[int, ...]
+    workload: Workload
+    eos_token_ids: tuple[int, ...]  # () with workload.ignore_eos: every request runs to its budget
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        return self.workload.prompts
+
+    @property
+    def prompt_ids(self) -> list[list[int]]:
+        return self.workload.prompt_ids
 
     def draft_model(self, spec: PointSpec) -> LoadedModel | None:
         """The point's draft model (None for baseline and n-gram points); raises why it could not be loaded."""
@@ -53,15 +61,14 @@ def load_models(profile: Profile, *, observer: Observer) -> LoadedModels:
     """Load the workload and every model once: the context any number of points are run with."""
     device = devices.resolve_device(profile.device)
     dtype = devices.resolve_dtype(profile.dtype, device)
-    prompts = load_prompts(profile.workload.prompts, max_prompts=profile.workload.max_prompts,
-                           categories=profile.workload.categories)
     observer.message(f"loading target {profile.target.model}")
     target = load_model(profile.target.model, device=device, dtype=dtype, quantize=profile.target.quantize)
-    prompt_ids = [encode_prompt(target.tokenizer, prompt) for prompt in prompts]
-    longest = max(len(ids) for ids in prompt_ids)
-    check_context_window(profile, context_window(target.model.config), longest_prompt=longest, model="the target")
-    drafts = _load_drafts(profile, target, device=device, dtype=dtype, observer=observer, longest_prompt=longest)
-    return LoadedModels(profile, device, dtype, target, drafts, prompts, prompt_ids, _eos_ids(target))
+    workload = build_workload(profile.workload, target.tokenizer, seed=profile.run.seed,
+                              where=f"{profile.source}: " if profile.source else "")
+    check_context_window(profile, context_window(target.model.config), workload=workload, model="the target")
+    drafts = _load_drafts(profile, target, device=device, dtype=dtype, observer=observer, workload=workload)
+    eos = () if workload.ignore_eos else _eos_ids(target)
+    return LoadedModels(profile, device, dtype, target, drafts, workload, eos)
 
 
 def context_window(config: Any) -> int | None:
@@ -72,21 +79,28 @@ def context_window(config: Any) -> int | None:
     return None
 
 
-def check_context_window(profile: Profile, window: int | None, *, longest_prompt: int, model: str) -> None:
-    """Every prompt plus max_new_tokens must fit the model's context window: raise a one-line ProfileError
+def check_context_window(profile: Profile, window: int | None, *, workload: Workload, model: str) -> None:
+    """Every prompt plus its max_new_tokens must fit the model's context window: raise a one-line ProfileError
     naming the limit, before any point runs (otherwise generation runs on, or fails, far past it)."""
-    max_new = profile.workload.max_new_tokens
-    if window is None or longest_prompt + max_new <= window:
+    if window is None:
+        return
+    needs = [(len(ids) + budget, len(ids), budget, prompt.prompt_id)
+             for ids, budget, prompt in zip(workload.prompt_ids, workload.max_new_tokens, workload.prompts)]
+    total, prompt_tokens, max_new, prompt_id = max(needs)
+    if total <= window:
         return
     where = f"{profile.source}: " if profile.source else ""
-    fix = (f"use max_new_tokens <= {window - longest_prompt}" if longest_prompt < window
+    fixed = profile.workload.max_new_tokens != "dataset"
+    fix = ((f"use max_new_tokens <= {window - prompt_tokens}" if fixed else
+            f"use max_new_tokens_cap <= {window - prompt_tokens}") if prompt_tokens < window
            else "drop the prompts longer than the window")
-    raise ProfileError(f"{where}workload.max_new_tokens: {max_new} new tokens after the longest prompt "
-                       f"({longest_prompt} tokens) exceed {model}'s context window of {window} tokens; {fix}")
+    after = "the longest prompt" if fixed else f"prompt {prompt_id}"
+    raise ProfileError(f"{where}workload.max_new_tokens: {max_new} new tokens after {after} "
+                       f"({prompt_tokens} tokens) exceed {model}'s context window of {window} tokens; {fix}")
 
 
 def _load_drafts(profile: Profile, target: LoadedModel, *, device, dtype, observer,
-                 longest_prompt: int) -> dict[str, LoadedModel | Exception]:
+                 workload: Workload) -> dict[str, LoadedModel | Exception]:
     """Each draft model once (shared by drafts with the same model and quantize); a draft that cannot
     be loaded, does not share the target's vocabulary or whose context window is too short fails its own
     points only."""
@@ -101,7 +115,7 @@ def _load_drafts(profile: Profile, target: LoadedModel, *, device, dtype, observ
             try:
                 model = load_model(draft.model, device=device, dtype=dtype, quantize=draft.quantize)
                 check_same_vocabulary(target.tokenizer, model.tokenizer, target_name=target.name, draft_name=draft.model)
-                check_context_window(profile, context_window(model.model.config), longest_prompt=longest_prompt,
+                check_context_window(profile, context_window(model.model.config), workload=workload,
                                      model=f"the draft {draft.name}")
                 loaded[key] = model
             except (ModelError, OSError, ValueError, RuntimeError) as error:
@@ -124,8 +138,9 @@ class InProcessSession:
 
     def __init__(self, models: LoadedModels):
         self.models = models
+        self.workload = models.workload
         self.prompts = models.prompts
-        self.prompt_tokens = [len(ids) for ids in models.prompt_ids]
+        self.prompt_tokens = models.workload.prompt_tokens
         self.uses_gpu = models.device.type == "cuda"
 
     def generate_one(self, spec: PointSpec) -> GenerateOne:
@@ -152,15 +167,18 @@ class InProcessSession:
         run = self.models.profile.run
         try:
             generate_one = self.generate_one(spec)
+            workload = self.workload
             for i in range(run.warmup):
-                generate_one(self.models.prompt_ids[i % len(self.models.prompt_ids)], run.seed)
+                generate_one(workload.prompt_ids[i % len(workload.prompt_ids)], run.seed,
+                             workload.max_new_tokens[i % len(workload.prompt_ids)])
             rows = []
-            for index, (prompt, ids) in enumerate(zip(self.models.prompts, self.models.prompt_ids)):
+            for index, (prompt, ids, budget) in enumerate(zip(workload.prompts, workload.prompt_ids,
+                                                              workload.max_new_tokens)):
                 for repeat in range(run.repeats):
                     seed = run.seed + 1000 * index + repeat
-                    trace = generate_one(ids, seed)
-                    rows.append(results.request_row(spec, point_key=point_key, prompt_id=prompt.prompt_id,
-                                                    category=prompt.category, repeat=repeat, seed=seed, trace=trace))
+                    trace = generate_one(ids, seed, budget)
+                    rows.append(results.request_row(spec, point_key=point_key, prompt=prompt, repeat=repeat, seed=seed,
+                                                    trace=trace))
                     on_request()
                 if after_prompt is not None:
                     after_prompt(rows)

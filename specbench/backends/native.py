@@ -19,9 +19,9 @@ class NativeSession(InProcessSession):
     def generate_one(self, spec: PointSpec) -> GenerateOne:
         m = self.models
         proposer = self.proposer(spec)
-        return lambda ids, seed: generate(
+        return lambda ids, seed, max_new_tokens: generate(
             m.target.model, proposer, ids, gamma=spec.gamma or 1, seed=seed, temperature=spec.temperature,
-            top_p=spec.top_p, max_new_tokens=m.profile.workload.max_new_tokens, eos_token_ids=m.eos_token_ids)
+            top_p=spec.top_p, max_new_tokens=max_new_tokens, eos_token_ids=m.eos_token_ids)
 
     def proposer(self, spec: PointSpec) -> Proposer:
         m = self.models
@@ -37,7 +37,8 @@ class NativeSession(InProcessSession):
         plus half the output); timed once per process."""
         if max_tokens not in self._verify_costs:
             prompt_tokens = sorted(self.prompt_tokens)
-            context = prompt_tokens[len(prompt_tokens) // 2] + self.models.profile.workload.max_new_tokens // 2
+            budgets = sorted(self.workload.max_new_tokens)
+            context = prompt_tokens[len(prompt_tokens) // 2] + budgets[len(budgets) // 2] // 2
             self._verify_costs[max_tokens] = verify_costs_ms(self.models.target.model, max_tokens=max_tokens,
                                                              context_tokens=max(context, 1))
         return self._verify_costs[max_tokens]

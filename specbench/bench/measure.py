@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -88,7 +88,7 @@ def measure(config: BenchConfig, *, progress: Progress = None) -> Measurement:
     specs = plan_points(profile)
     models = load_models(profile, observer=_Messages(progress))
     sessions = _sessions(models)
-    skipped = _warm_up(specs, _sessions(_shorter(models, WARMUP_TOKENS)), progress)
+    skipped = _warm_up(specs, sessions, progress)
     generate = {(backend, spec.point_id): session.generate_one(spec)
                 for backend, session in sessions.items() for spec in specs if (backend, spec.point_id) not in skipped}
 
@@ -101,10 +101,9 @@ def measure(config: BenchConfig, *, progress: Progress = None) -> Measurement:
             for spec in specs:
                 for backend in order:
                     if (backend, spec.point_id) in generate:
-                        trace = generate[backend, spec.point_id](ids, seed)
+                        trace = generate[backend, spec.point_id](ids, seed, config.max_new_tokens)
                         rows.append({"backend": backend, **results.request_row(
-                            spec, point_key=f"bench-{backend}", prompt_id=prompt.prompt_id, category=prompt.category,
-                            repeat=repeat, seed=seed, trace=trace)})
+                            spec, point_key=f"bench-{backend}", prompt=prompt, repeat=repeat, seed=seed, trace=trace)})
     return Measurement(config, device_name(models.device), threads, tuple(specs),
                        tuple(len(ids) for ids in models.prompt_ids), pd.DataFrame(rows), skipped)
 
@@ -112,12 +111,6 @@ def measure(config: BenchConfig, *, progress: Progress = None) -> Measurement:
 def _sessions(models: LoadedModels) -> dict[str, InProcessSession]:
     """Both backends over the same loaded models."""
     return {"native": NativeSession(models), "hf": HfSession(models)}
-
-
-def _shorter(models: LoadedModels, max_new_tokens: int) -> LoadedModels:
-    """The same loaded models, generating at most `max_new_tokens` (for warm-up requests)."""
-    workload = models.profile.workload.model_copy(update={"max_new_tokens": max_new_tokens})
-    return replace(models, profile=models.profile.model_copy(update={"workload": workload}))
 
 
 def _warm_up(specs: list[PointSpec], sessions: dict[str, InProcessSession],
@@ -129,7 +122,7 @@ def _warm_up(specs: list[PointSpec], sessions: dict[str, InProcessSession],
     for spec in specs:
         for backend, session in sessions.items():
             try:
-                session.generate_one(spec)(session.models.prompt_ids[0], 0)
+                session.generate_one(spec)(session.models.prompt_ids[0], 0, WARMUP_TOKENS)
             except HF_FAILURES as error:
                 if backend == "native":
                     raise

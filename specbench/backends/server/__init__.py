@@ -23,7 +23,7 @@ from specbench.engines import ENGINES, EngineError, ServingEngine, Speculation, 
 from specbench.models import hf_folder, load_tokenizer, resolve_model
 from specbench.profile import Profile, ProfileError
 from specbench.results import PointSpec
-from specbench.workloads import encode_prompt, load_prompts
+from specbench.workload_build import build_workload
 
 
 def launch_key(spec: PointSpec) -> tuple:
@@ -63,11 +63,11 @@ class ServerSession:
             except ServerFailed as error:
                 raise ProfileError(f"{where}server.url: {self.url} does not answer ({error}); start the server "
                                    "or fix the url") from None
-        self.prompts = load_prompts(profile.workload.prompts, max_prompts=profile.workload.max_prompts,
-                                    categories=profile.workload.categories)
         observer.message(f"loading the tokenizer of {profile.target.model}")
         self.tokenizer, self.target_identity = load_tokenizer(profile.target.model)
-        self.prompt_tokens = [len(encode_prompt(self.tokenizer, prompt)) for prompt in self.prompts]
+        self.workload = build_workload(profile.workload, self.tokenizer, seed=profile.run.seed, where=where)
+        self.prompts = self.workload.prompts
+        self.prompt_tokens = self.workload.prompt_tokens
         self.log_dir: Path | None = None  # set by the run: server logs go to its output folder
         self.server: ServerProcess | None = None
         self._launched: tuple | None = None

@@ -27,6 +27,7 @@ class Request:
     top_p: float
     max_tokens: int
     seed: int
+    ignore_eos: bool = False  # generate max_tokens whatever the model emits (vLLM, SGLang and llama.cpp take it)
 
 
 @dataclass
@@ -56,6 +57,8 @@ def payload(request: Request, *, model: str) -> dict[str, Any]:
     }
     if request.temperature > 0:  # greedy needs no seed (a seeded request can take an engine's slower sampling path)
         body.update(top_p=request.top_p, seed=request.seed)
+    if request.ignore_eos:
+        body["ignore_eos"] = True
     return body
 
 

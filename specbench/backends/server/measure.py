@@ -12,7 +12,7 @@ from specbench.backends.base import AfterPrompt, OnRequest
 from specbench.backends.server import client
 from specbench.backends.server.metrics import SpecCounters, spec_counters
 from specbench.backends.server.process import peak_rss_mb, reset_peak_rss
-from specbench.results import PointSpec
+from specbench.results import PointSpec, prompt_columns
 
 if TYPE_CHECKING:
     from specbench.backends.server import ServerSession
@@ -43,11 +43,13 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
     run = profile.run
     concurrency = spec.concurrency or 1  # at a request rate: warm-up one at a time
     plan = request_plan(session, spec)
+    budgets, ignore_eos = session.workload.max_new_tokens, session.workload.ignore_eos
     requests = [client.Request(i, [dict(m) for m in prompt.messages], spec.temperature, spec.top_p,
-                               profile.workload.max_new_tokens, seed) for i, (_, prompt, _, seed) in enumerate(plan)]
+                               budgets[index], seed, ignore_eos) for i, (index, prompt, _, seed) in enumerate(plan)]
     call = dict(model=session.model_name, api_key=session.api_key)
     warmup = [client.Request(-1 - i, requests[i % len(requests)].messages, spec.temperature, spec.top_p,
-                             profile.workload.max_new_tokens, run.seed) for i in range(run.warmup * concurrency)]
+                             requests[i % len(requests)].max_tokens, run.seed, ignore_eos)
+              for i in range(run.warmup * concurrency)]
     if warmup:
         client.run(url, warmup, concurrency=concurrency, **call)
 
@@ -128,7 +130,7 @@ def request_row(spec: PointSpec, response: client.Response, *, session: "ServerS
     accepted = timings.get("draft_n_accepted")
     return {
         "point_id": spec.point_id, "point_key": point_key, "request_id": f"{prompt.prompt_id}#{repeat}",
-        "prompt_id": prompt.prompt_id, "category": prompt.category, "repeat": repeat, "seed": seed,
+        **prompt_columns(prompt), "repeat": repeat, "seed": seed,
         "prompt_tokens": usage.get("prompt_tokens"), "output_tokens": output_tokens,
         "ttft_ms": ttft_s * 1e3, "e2e_ms": response.end_s * 1e3,
         "tokens_per_s": output_tokens / response.end_s if response.end_s > 0 else None,
