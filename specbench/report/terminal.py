@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specbench.report import load_tables, schedule, tables, trials
+from specbench.report import load_tables, schedule, tables, trials, workload
 from specbench.report.build import Report, RunReport
 from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line, unstable_warning
 
@@ -45,6 +45,8 @@ def _print_run(console: Console, run_report: RunReport) -> None:
         console.print(f"[bold red]WARNING: {escape(mismatch_warning(row))}[/bold red]", soft_wrap=True)
     for row in run_report.unstable:
         console.print(f"[bold yellow]{escape(unstable_warning(row))}[/bold yellow]", soft_wrap=True)
+    if run_report.workload is not None:
+        _print_workload(console, run_report.workload)
     matrix = tables.category_matrix(run_report.categories)
     if len(matrix):
         console.print(_table(display_matrix(matrix), title="speedup per workload category"))
@@ -61,6 +63,14 @@ def _print_run(console: Console, run_report: RunReport) -> None:
             console.print(f"[dim]{escape(study.not_run_line)}[/dim]", soft_wrap=True)
         if study.load is not None:
             _print_schedule(console, study, study.load)
+
+
+def _print_workload(console: Console, report: workload.WorkloadReport) -> None:
+    """The workload's facts on one line, its token lengths, and whose outputs they are."""
+    lines = workload.workload_lines(report)
+    console.print("[bold]workload[/bold]" + (f": {escape('; '.join(lines))}" if lines else ""), soft_wrap=True)
+    console.print(_table(workload.display_lengths(report), title="workload token lengths"))
+    console.print(f"[dim]{escape(workload.lengths_caption(report))}[/dim]", soft_wrap=True)
 
 
 def _print_schedule(console: Console, study: trials.StudyReport, load: dict) -> None:

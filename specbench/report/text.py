@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from specbench.contention import ADVICE
-from specbench.report import load_tables, schedule, tables, trials
+from specbench.report import load_tables, schedule, tables, trials, workload
 from specbench.report.build import Report, RunReport
 from specbench.summary import mismatch_warning
 
@@ -61,6 +61,8 @@ def _run_markdown(run_report: RunReport) -> list[str]:
         lines += [f"> **WARNING: {mismatch_warning(row)}.**", ""]
     for row in run_report.unstable:
         lines += [f"> **{unstable_warning(row)}.**", ""]
+    if run_report.workload is not None:
+        lines += _workload_markdown(run_report.workload)
     matrix = tables.category_matrix(run_report.categories)
     if len(matrix):
         lines += ["### Speedup per workload category", ""]
@@ -98,6 +100,12 @@ def _load_markdown(run_report: RunReport) -> list[str]:
             data = base64.b64encode(plot.png).decode("ascii")
             lines += [f"### {plot.title}", "", f"![{plot.title}](data:image/png;base64,{data})", "", plot.caption, ""]
     return lines
+
+
+def _workload_markdown(report: workload.WorkloadReport) -> list[str]:
+    lines = ["### Workload", ""] + [f"- {_cell(line)}" for line in workload.workload_lines(report)]
+    lines += [""] + markdown_table(workload.display_lengths(report))
+    return lines + ["", workload.lengths_caption(report), ""]
 
 
 def _study_markdown(study: trials.StudyReport) -> list[str]:
@@ -183,7 +191,7 @@ def to_json(report: Report) -> str:
         "sort": report.sort,
         "filters": [f"{f.key}={f.value}" for f in report.filters],
         "runs": [{"run": r.run.name, "path": str(r.run.path), "summary": r.summary,
-                  "mismatched": [row["point_id"] for row in r.mismatched],
+                  "workload": _workload_json(r.workload), "mismatched": [row["point_id"] for row in r.mismatched],
                   "warnings": [mismatch_warning(row) for row in r.mismatched]
                   + [unstable_warning(row) for row in r.unstable]} for r in report.runs],
         "points": _records(report.points_table()),
@@ -194,6 +202,13 @@ def to_json(report: Report) -> str:
         "skipped": [{"path": str(s.path), "reason": s.reason} for s in report.skipped],
     }
     return json.dumps(document, indent=2) + "\n"
+
+
+def _workload_json(report: workload.WorkloadReport | None) -> dict[str, Any] | None:
+    if report is None:
+        return None
+    return {"stats": report.stats, "lengths": _records(report.lengths), "generated_by": report.generated_by,
+            "generated_requests": report.generated_requests}
 
 
 def _study_json(run: str, study: trials.StudyReport) -> dict[str, Any]:
