@@ -103,8 +103,8 @@ def _load_markdown(run_report: RunReport) -> list[str]:
 
 
 def _workload_markdown(report: workload.WorkloadReport) -> list[str]:
-    lines = ["### Workload", ""] + [f"- {_cell(line)}" for line in workload.workload_lines(report)]
-    lines += [""] + markdown_table(workload.display_lengths(report))
+    facts = [f"- {_cell(line)}" for line in workload.workload_lines(report)]
+    lines = ["### Workload", ""] + facts + ([""] if facts else []) + markdown_table(workload.display_lengths(report))
     return lines + ["", workload.lengths_caption(report), ""]
 
 
