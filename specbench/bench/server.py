@@ -112,7 +112,7 @@ class RateLevel:
         return "ok" if self.on_rate else "client is the bottleneck"
 
 
-class _Quiet:
+class Quiet:
     def message(self, text: str) -> None:
         print(f"[bench] {text}", file=sys.stderr, flush=True)
 
@@ -147,16 +147,22 @@ def specbench_side(session, concurrency: int) -> Side:
     return Side(float(point["tokens_per_s"]), statistics.fmean(r["ttft_ms"] for r in rows), cpu / requests)
 
 
-def vllm_bench(python: Path, url: str, dataset: Path, tokenizer: str, *, max_new_tokens: int, load: list[str],
+def custom_dataset(dataset: Path, max_new_tokens: int) -> list[str]:
+    """`vllm bench serve`'s options for a JSONL file of prompts sent as they are, each for `max_new_tokens`."""
+    return ["--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
+            "--custom-output-len", str(max_new_tokens)]
+
+
+def vllm_bench(python: Path, url: str, dataset: Sequence[str], tokenizer: str, *, load: list[str],
                work: Path) -> tuple[dict, float]:
-    """One run of `vllm bench serve` with `load` (its options for how many requests, how many in flight or at what
-    rate, warm-ups): its saved result (with per-request start times and latencies) and the CPU seconds it spent."""
+    """One run of `vllm bench serve` on `dataset` (its dataset options) with `load` (its options for how many
+    requests, how many in flight or at what rate, warm-ups): its saved result (with per-request start times and
+    latencies) and the CPU seconds it spent."""
     host, port = url.removeprefix("http://").split(":")
     result = work / f"vllm-{time.monotonic_ns()}.json"
     argv = [str(python), "-c", VLLM_BENCH, "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
             "--host", host, "--port", port, "--model", "specbench-target", "--tokenizer", tokenizer,
-            "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
-            "--custom-output-len", str(max_new_tokens), *load, "--temperature", "0", "--disable-tqdm",
+            *dataset, *load, "--temperature", "0", "--disable-tqdm",
             "--save-result", "--save-detailed", "--result-dir", str(work), "--result-filename", result.name]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
@@ -175,7 +181,7 @@ def vllm_side(python: Path, url: str, dataset: Path, tokenizer: str, *, prompts:
               concurrency: int, work: Path) -> Side:
     load = ["--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
             "--num-warmups", str(concurrency)]
-    figures, cpu = vllm_bench(python, url, dataset, tokenizer, max_new_tokens=max_new_tokens, load=load, work=work)
+    figures, cpu = vllm_bench(python, url, custom_dataset(dataset, max_new_tokens), tokenizer, load=load, work=work)
     return Side(figures["output_throughput"], figures["mean_ttft_ms"], cpu / (figures["completed"] + concurrency))
 
 
@@ -222,7 +228,7 @@ def vllm_rate(python: Path, url: str, dataset: Path, tokenizer: str, *, requests
               max_new_tokens: int, work: Path) -> RateLevel:
     load = ["--num-prompts", str(requests), "--request-rate", str(request_rate), "--burstiness", "1.0",
             "--num-warmups", "1"]  # as the profile: Poisson arrivals, one warm-up request
-    figures, _ = vllm_bench(python, url, dataset, tokenizer, max_new_tokens=max_new_tokens, load=load, work=work)
+    figures, _ = vllm_bench(python, url, custom_dataset(dataset, max_new_tokens), tokenizer, load=load, work=work)
     return vllm_level(figures, request_rate)
 
 
@@ -312,7 +318,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     texts = single_turn_prompts(args.prompts)
-    quiet = _Quiet()
+    quiet = Quiet()
     with tempfile.TemporaryDirectory(prefix="specbench-bench-server-") as folder:
         work = Path(folder)
         dataset = work / "prompts.jsonl"

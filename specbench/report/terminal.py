@@ -66,10 +66,11 @@ def _print_run(console: Console, run_report: RunReport) -> None:
 
 
 def _print_workload(console: Console, report: workload.WorkloadReport) -> None:
-    """The workload's facts on one line, its token lengths, and whose outputs they are."""
-    lines = workload.workload_lines(report)
-    console.print("[bold]workload[/bold]" + (f": {escape('; '.join(lines))}" if lines else ""), soft_wrap=True)
-    console.print(_table(workload.display_lengths(report), title="workload token lengths"))
+    """The workload's facts, a line each, its token lengths, and whose outputs they are."""
+    console.print("[bold]workload[/bold]")
+    for line in workload.workload_lines(report):
+        console.print(f"  {escape(line)}", soft_wrap=True)
+    console.print(_table(workload.display_lengths(report), title="token lengths"))
     console.print(f"[dim]{escape(workload.lengths_caption(report))}[/dim]", soft_wrap=True)
 
 
