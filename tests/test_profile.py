@@ -73,7 +73,9 @@ def test_the_shipped_profiles_and_the_default_is_one_of_them():
         "quickstart.toml",
         "qwen-coder-cpu.toml",
         "qwen2.5-gpu.toml",
+        "sharegpt-cpu.toml",
         "vllm-cpu-load.toml",
+        "vllm-cpu-sharegpt.toml",
         "vllm-cpu.toml",
     ]
     assert (PROJECT_ROOT / DEFAULT_PROFILE).is_file()
