@@ -3,6 +3,7 @@ and a screenshot renders. Skipped only when chromium is not installed (.ci/run i
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -13,6 +14,8 @@ import pytest
 
 from specbench.report import Format, build_report, render
 from test_report import PNG_TAG, RUN_A, RUN_B, write_run
+from test_report_capacity import DOCUMENT
+from test_report_server_load import server_manifest, write_server_run
 from test_report_tune import write_tune
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -42,6 +45,16 @@ def report_html(tmp_path: Path) -> Path:
 def tune_html(tmp_path: Path) -> Path:
     path = tmp_path / "tune.html"
     path.write_text(render(build_report([write_tune(tmp_path / "tune")]), Format.html))
+    return path
+
+
+@pytest.fixture
+def load_html(tmp_path: Path) -> Path:
+    """A server run under load (concurrency levels and request rates) with a capacity search."""
+    run = write_server_run(tmp_path / "vllm-cpu-load", server_manifest())
+    (run / "capacity.json").write_text(json.dumps(DOCUMENT))
+    path = tmp_path / "load.html"
+    path.write_text(render(build_report([run]), Format.html))
     return path
 
 
@@ -76,3 +89,14 @@ def test_a_screenshot_of_the_report_renders(tmp_path, report_html):
     image = matplotlib.image.imread(shot)
     assert image.shape[:2] == (2000, 1280)
     assert image[..., :3].std() > 0.05  # tables and plots, not a blank page
+
+
+def test_a_report_under_load_fits_a_narrow_window_its_wide_tables_scrolling_in_their_own_box(tmp_path, load_html):
+    n_images = load_html.read_text().count(PNG_TAG)
+    assert n_images == 4  # speedup vs gamma and vs load, the category heatmap, capacity at temperature 0 (not 0.8)
+    check_loaded(tmp_path, load_html, n_images)
+    done = chromium(tmp_path, "--window-size=800,2000", "--dump-dom", load_html.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    page, window = map(int, re.search(r'data-page-width="(\d+)/(\d+)"', done.stdout).groups())
+    assert page <= window  # nothing runs off the right edge: the page never scrolls sideways
+    assert int(re.search(r'data-scrolling-tables="(\d+)"', done.stdout)[1]) >= 1  # the point table does, in its box

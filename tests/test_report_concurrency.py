@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from specbench.report import Format, build_report, render, tables
-from specbench.report.plots import load_figure
+from specbench.report.load_plots import load_figure
 from test_report import PNG_TAG, RUN_A, RUN_B, embedded_pngs, markdown_tables, point, report_cli, write_run
 
 
@@ -119,7 +119,7 @@ def test_the_terminal_splits_a_table_with_many_levels(tmp_path):
 
 def test_html_has_the_table_with_the_best_row_marked(levels_run):
     html = render(build_report([levels_run]), Format.html)
-    assert "<h3>Speedup by concurrency, temperature 0</h3><table>" in html.replace("\n", "")
+    assert '<h3>Speedup by concurrency, temperature 0</h3><div class="table-scroll"><table>' in html.replace("\n", "")
     assert ('<tr class="best"><td>best</td><td>close g=2</td><td>ngram n=3 g=2</td><td>baseline</td></tr>'
             in html)
     assert "<td>1.25× [1.20, 1.30]</td>" in html

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from specbench.report import Format, build_report, render, tables
-from specbench.report.plots import goodput_figure, latency_figure, load_figure
+from specbench.report.load_plots import goodput_figure, latency_figure, load_figure
 from test_report import RUN_A, RUN_B, markdown_tables, point, report_cli, write_run
 from test_report_concurrency import BASE, at, ok
 
@@ -82,9 +82,11 @@ def test_markdown_table_has_a_column_per_level_in_load_order(load_run):
 
 # --- the crossover --------------------------------------------------------------------------------
 
-CROSSOVER = [
-    "close g=2 beats the baseline up to 4 requests/s (1.10× [1.02, 1.18]); at every level it ran",
-    "ngram g=3 beats the baseline up to concurrency 4 (1.12× [1.05, 1.19]); not at 2 requests/s",
+CROSSOVER = [  # per load axis: a concurrency and a request rate are not one scale (concurrency 4 < 2 requests/s?)
+    "close g=2 beats the baseline up to concurrency 4 (1.30× [1.20, 1.40]); at every concurrency level it ran",
+    "ngram g=3 beats the baseline up to concurrency 4 (1.12× [1.05, 1.19]); at every concurrency level it ran",
+    "close g=2 beats the baseline up to 4 requests/s (1.10× [1.02, 1.18]); at every request rate it ran",
+    "ngram g=3 beats the baseline at no request rate (no 95 % CI wholly above 1.0)",
 ]
 
 
@@ -105,12 +107,14 @@ def test_an_unstable_or_failed_point_is_no_crossover(tmp_path):
             rate(CLOSE, 2, **ok(0.8)), at(NGRAM, 1, **ok(1.05, half=0.1))]
     report = build_report([write_run(tmp_path / "run", rows)])
     crossover = report.runs[0].crossover  # close g=2: unstable at concurrency 4 does not count
-    assert list(crossover["configuration"]) == ["close g=2", "ngram g=3"]
-    assert list(crossover["load"].fillna("none")) == ["concurrency 1", "none"]
+    assert list(zip(crossover["configuration"], crossover["axis"])) == [
+        ("close g=2", "concurrency"), ("ngram g=3", "concurrency"), ("close g=2", "request_rate")]
+    assert list(crossover["load"].fillna("none")) == ["concurrency 1", "none", "none"]
     assert crossover["next_load"].iloc[0] == "concurrency 4"
     markdown = render(report, Format.md)
     assert "- close g=2 beats the baseline up to concurrency 1 (1.50× [1.40, 1.60]); not at concurrency 4" in markdown
-    assert "- ngram g=3 beats the baseline at no level (no 95 % CI wholly above 1.0)" in markdown
+    assert "- ngram g=3 beats the baseline at no concurrency level (no 95 % CI wholly above 1.0)" in markdown
+    assert "- close g=2 beats the baseline at no request rate (no 95 % CI wholly above 1.0)" in markdown
 
 
 # --- goodput --------------------------------------------------------------------------------------
@@ -150,23 +154,38 @@ def test_one_rate_draws_no_goodput_plot_but_shows_the_table(tmp_path):
 # --- the plots ------------------------------------------------------------------------------------
 
 
-def test_speedup_plot_puts_every_level_in_load_order_and_stars_the_crossover(load_run):
-    (ax,) = load_figure(build_report([load_run]).runs[0].points).axes
-    assert ax.get_xscale() == "linear" and [t.get_text() for t in ax.get_xticklabels()] == LEVELS
-    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
-    assert lines["close g=2"] == ([0, 1, 2, 3], [1.5, 1.3, 1.2, 1.1])
-    assert lines["ngram g=3"] == ([0, 1, 2, 3], [1.3, 1.12, 1.05, 0.9])
-    assert lines["_crossover close g=2"] == ([3], [1.1]) and lines["_crossover ngram g=3"] == ([1], [1.12])
+def lines_of(ax) -> dict[str, tuple[list, list]]:
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
 
 
-def test_latency_plot_has_ttft_and_tpot_p99_panels_per_temperature(load_run):
-    ttft, tpot = latency_figure(build_report([load_run]).runs[0].points).axes
-    assert (ttft.get_ylabel(), tpot.get_ylabel()) == ("TTFT p99 (ms)", "TPOT p99 (ms)")
-    assert [t.get_text() for t in tpot.get_xticklabels()] == LEVELS
-    ttft_lines = {line.get_label(): list(line.get_ydata()) for line in ttft.get_lines()}
-    assert ttft_lines == {"baseline": [40.0, 60.0, 80.0, 900.0], "close g=2": [50.0, 75.0, 90.0, 400.0],
-                          "ngram g=3": [45.0, 70.0, 85.0, 1200.0]}
-    assert [list(line.get_ydata()) for line in tpot.get_lines()][0] == [20.0, 22.0, 25.0, 60.0]
+def test_speedup_plot_keeps_concurrency_and_request_rates_apart_and_stars_each_crossover(load_run):
+    closed, opened = load_figure(build_report([load_run]).runs[0].points).axes  # a panel per loop, never one axis
+    assert (closed.get_title(), opened.get_title()) == ("temperature 0, closed loop", "temperature 0, open loop")
+    assert closed.get_xscale() == "log" and [t.get_text() for t in closed.get_xticklabels()] == ["1", "4"]
+    assert closed.get_xlabel() == "concurrency (requests in flight)"
+    assert opened.get_xscale() == "linear" and [t.get_text() for t in opened.get_xticklabels()] == ["2", "4"]
+    assert opened.get_xlabel() == "request rate (requests/s)"
+    assert lines_of(closed) == {"close g=2": ([1, 4], [1.5, 1.3]), "ngram g=3": ([1, 4], [1.3, 1.12]),
+                                "_crossover close g=2": ([4], [1.3]), "_crossover ngram g=3": ([4], [1.12]),
+                                "baseline": ([0, 1], [1.0, 1.0])}
+    assert lines_of(opened) == {"close g=2": ([2, 4], [1.2, 1.1]), "ngram g=3": ([2, 4], [1.05, 0.9]),
+                                "_crossover close g=2": ([4], [1.1]), "baseline": ([0, 1], [1.0, 1.0])}
+    colors = [{line.get_label(): line.get_color() for line in ax.get_lines()} for ax in (closed, opened)]
+    assert colors[0]["close g=2"] == colors[1]["close g=2"] != colors[0]["ngram g=3"] == colors[1]["ngram g=3"]
+
+
+def test_latency_plot_has_ttft_and_tpot_p99_panels_per_temperature_and_loop(load_run):
+    ttft, tpot, ttft_open, tpot_open = latency_figure(build_report([load_run]).runs[0].points).axes
+    assert (ttft.get_ylabel(), tpot.get_ylabel(), ttft_open.get_ylabel()) == ("TTFT p99 (ms)", "TPOT p99 (ms)",
+                                                                               "TTFT p99 (ms)")
+    assert (ttft.get_title(), ttft_open.get_title()) == ("temperature 0, closed loop", "temperature 0, open loop")
+    assert [t.get_text() for t in tpot.get_xticklabels()] == ["1", "4"]
+    assert [t.get_text() for t in tpot_open.get_xticklabels()] == ["2", "4"]
+    assert lines_of(ttft) == {"baseline": ([1, 4], [40.0, 60.0]), "close g=2": ([1, 4], [50.0, 75.0]),
+                              "ngram g=3": ([1, 4], [45.0, 70.0])}
+    assert lines_of(ttft_open) == {"baseline": ([2, 4], [80.0, 900.0]), "close g=2": ([2, 4], [90.0, 400.0]),
+                                   "ngram g=3": ([2, 4], [85.0, 1200.0])}
+    assert lines_of(tpot_open)["baseline"] == ([2, 4], [25.0, 60.0])
 
 
 def test_html_embeds_the_load_plots(load_run):

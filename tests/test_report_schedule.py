@@ -163,7 +163,7 @@ def test_terminal_shows_the_tables_the_crossover_and_the_argument_on_one_line(lo
 def test_html_shows_the_tables_the_argument_and_the_verdict(load_tune):
     html = render(build_report([load_tune]), Format.html)
     for title in ("Best configuration per load level", "Tuned schedule", "Verification of the schedule"):
-        assert f"<h4>{title}: temperature 0 (study {G})</h4>\n<table>" in html
+        assert f'<h4>{title}: temperature 0 (study {G})</h4>\n<div class="table-scroll"><table>' in html
     assert "<tr><td>concurrency 4</td><td>off (no drafting)</td></tr>" in html
     assert f"<pre><code>{escape(ARGUMENT)}</code></pre>" in html
     assert f"<li>{escape(CROSSOVER)}</li>" in html

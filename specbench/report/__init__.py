@@ -2,13 +2,15 @@
 
     load.py      find and read result folders; skip unreadable ones with a reason
     tables.py    the tables as DataFrames (filter, sort, per category, speedup by load, comparison, Pareto front)
-    load_tables.py  under load: the crossover per configuration, goodput against the SLO
+    load_tables.py  under load: the crossover per configuration and load axis, goodput against the SLO
+    capacity.py  capacity.json: capacity per configuration, its bracket and probes, gain and cost
     trials.py    a tune's trials, recommendation and importances per study
     schedule.py  a tune under load: best per load level, crossover, gamma schedule, its verification
     workload.py  what a run sent: requests, dataset, shared prefixes, token lengths (prompt, budget, generated)
     build.py     assemble a Report
     text.py      Markdown, CSV, JSON          html.py   one self-contained HTML file
     plots.py     matplotlib figures as PNG    terminal.py  rich tables
+    load_plots.py  the plots against load and around capacity    figures.py  what the plot modules share
 """
 
 from __future__ import annotations

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from specbench.report import load_tables, tables
+from specbench.report.capacity import CapacityReport, capacity_report
 from specbench.report.load import Run, Skipped, load_runs
 from specbench.report.trials import StudyReport, study_reports
 from specbench.report.workload import WorkloadReport, workload_report
@@ -25,6 +27,7 @@ class RunReport:
     goodput: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=load_tables.GOODPUT_COLUMNS))
     studies: list[StudyReport] = field(default_factory=list)  # a tune's studies (empty for a plain sweep)
     workload: WorkloadReport | None = None  # what the run sent (None when the folder records nothing of it)
+    capacity: CapacityReport | None = None  # the run's capacity.json (None when it has none)
 
     @property
     def failed(self) -> pd.DataFrame:
@@ -39,6 +42,23 @@ class RunReport:
     def unstable(self) -> list[dict]:
         """Rows of points measured while the machine was not quiet (their speedups are not to be trusted)."""
         return self.points[tables.status_labels(self.points) == "unstable"].to_dict("records")
+
+    @property
+    def unstable_reasons(self) -> list[tuple[str, list[str]]]:
+        """Each reason a point's timing is not trusted (a point's `unstable_reason` joins several with "; "),
+        in order of first appearance, with the points it applies to."""
+        reasons: dict[str, list[str]] = {}
+        for row in self.unstable:
+            for reason in str(row.get("unstable_reason") or "no reason recorded").split("; "):
+                reasons.setdefault(reason, []).append(row["point_id"])
+        return list(reasons.items())
+
+    @property
+    def launches(self) -> list[dict[str, str]]:
+        """What a server backend launched: per launch, the point that launched it, the command line and its log."""
+        launches = (self.run.manifest.get("server") or {}).get("launches") or []
+        return [{"point": str(launch.get("point")), "command": shlex.join(str(a) for a in launch.get("argv") or []),
+                 "log": str(launch.get("log"))} for launch in launches]
 
     @property
     def summary(self) -> str:
@@ -82,6 +102,7 @@ def build_report(paths: list[str | Path], *, filters: list[str] = (), sort: str 
             goodput=load_tables.goodput(points),
             studies=study_reports(run.tune, parsed) if run.tune is not None else [],
             workload=workload_report(run.manifest, run.points, run.requests),
+            capacity=capacity_report(run.capacity, parsed) if run.capacity is not None else None,
         ))
     comparison = None
     if len(reports) == 2:
@@ -99,18 +120,40 @@ def _shown_configurations(speedups: pd.DataFrame, table: pd.DataFrame) -> pd.Dat
 
 
 def run_summary(run: Run) -> str:
-    """One line from the manifest: target, backend, device, workload, when, status."""
+    """One line from the manifest: target, backend, device (or the serving engine, its version and launch
+    settings), workload, when, status."""
     manifest = run.manifest
     profile = manifest.get("profile") or {}
     environment = manifest.get("environment") or {}
     target = (((manifest.get("models") or {}).get("target") or {}).get("model")
               or (profile.get("target") or {}).get("model"))
+    device = environment.get("device_name") or environment.get("device")
     parts = [
         f"target {target}" if target else None,
         f"backend {profile['backend']}" if profile.get("backend") else None,
-        f"device {environment.get('device_name') or environment.get('device')}" if environment else None,
+        f"device {device}" if device else None,
+        server_summary(manifest),
         f"workload {(profile.get('workload') or {}).get('prompts')}" if profile.get("workload") else None,
         f"started {manifest['started_at']}" if manifest.get("started_at") else None,
         f"status {manifest['status']}" if manifest.get("status") else None,
     ]
     return ", ".join(p for p in parts if p) or "no manifest.json"
+
+
+def server_summary(manifest: dict) -> str | None:
+    """`engine vllm 0.11.0 launched with --dtype float32 (env VLLM_CPU_KVCACHE_SPACE=2), 5 launches`, `engine
+    vllm at http://host:8000 (attached)`; None for a run without a server."""
+    server = manifest.get("server")
+    if not server:
+        return None
+    settings = (manifest.get("profile") or {}).get("server") or {}
+    engine = f"engine {server.get('engine') or settings.get('engine')}"
+    if server.get("attached"):
+        return f"{engine} at {server['attached']} (attached)"
+    engine += f" {server['engine_version']}" if server.get("engine_version") else " (version not recorded)"
+    if settings.get("extra_args"):
+        engine += f" launched with {shlex.join(settings['extra_args'])}"
+    if settings.get("env"):
+        engine += " (env " + " ".join(f"{key}={value}" for key, value in settings["env"].items()) + ")"
+    launches = len(server.get("launches") or [])
+    return engine + f", {launches} launch{'' if launches == 1 else 'es'}"

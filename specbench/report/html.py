@@ -7,16 +7,18 @@ from html import escape
 
 import pandas as pd
 
-from specbench.report import load_tables, plots, schedule, tables, trials, workload
+from specbench.report import capacity, figures, load_plots, load_tables, plots, schedule, tables, trials, workload
 from specbench.report.build import Report, RunReport
-from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line, unstable_warning
+from specbench.report.text import (display_comparison, display_matrix, mismatch_warning, options_line, unstable_lines,
+                                   unstable_warning)
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1200px;
        padding: 0 1em; color: #222; }
 h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: 0.2em; margin-top: 2em; }
 .meta { color: #666; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+.table-scroll { overflow-x: auto; max-width: 100%; margin: 0.5em 0 1.5em; }  /* a wide table scrolls in its box */
+table { border-collapse: collapse; font-size: 0.9em; }
 th, td { padding: 0.3em 0.7em; border-bottom: 1px solid #e3e3e3; text-align: right; white-space: nowrap; }
 th:first-child, td:first-child { text-align: left; }
 th { background: #f4f4f4; }
@@ -26,12 +28,15 @@ tr.mismatch td { background: #fde2e2; color: #a00; font-weight: bold; }
 tr.unstable td { background: #fff6d6; }
 tr.worse td { background: #fde2e2; color: #a00; }
 .warning { background: #fde2e2; border-left: 6px solid #c00; padding: 0.6em 1em; color: #900; font-weight: bold; }
+.warning ul { margin: 0.4em 0 0; font-weight: normal; }
+details.launches code { white-space: pre-wrap; word-break: break-all; }
 figure { margin: 1em 0 2em; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 0.9em; }
 .missing { color: #888; font-style: italic; }
 """
 
-# Records, for automated checks, whether each image decoded and any error the page raised.
+# Records, for automated checks, whether each image decoded, any error the page raised, the page's width
+# against the window's and how many tables scroll sideways in their own box.
 SCRIPT = """
 window.addEventListener("error", function (event) {
   var root = document.documentElement, what = event.message || ("failed to load " + (event.target.tagName || "?"));
@@ -44,7 +49,11 @@ window.addEventListener("load", function () {
     image.dataset.naturalHeight = image.naturalHeight;
     if (image.complete && image.naturalWidth > 0) { decoded += 1; }
   });
-  document.documentElement.dataset.imagesDecoded = decoded + "/" + images.length;
+  var root = document.documentElement, boxes = document.querySelectorAll(".table-scroll"), scrolling = 0;
+  root.dataset.imagesDecoded = decoded + "/" + images.length;
+  boxes.forEach(function (box) { if (box.scrollWidth > box.clientWidth) { scrolling += 1; } });
+  root.dataset.pageWidth = root.scrollWidth + "/" + root.clientWidth;  // wider than the window: it scrolls sideways
+  root.dataset.scrollingTables = scrolling;
 });
 """
 
@@ -71,10 +80,18 @@ def to_html(report: Report) -> str:
 def _run_section(run_report: RunReport) -> list[str]:
     section = [f"<h2>{escape(run_report.run.name)}</h2>",
                f'<p class="meta"><code>{escape(str(run_report.run.path))}</code>: {escape(run_report.summary)}</p>']
+    if run_report.launches:
+        section.append(f'<details class="launches"><summary>{len(run_report.launches)} server launch'
+                       f'{"" if len(run_report.launches) == 1 else "es"}: the command lines and logs</summary><ul>'
+                       + "".join(f"<li><code>{escape(launch['point'])}</code>: <code>{escape(launch['command'])}"
+                                 f"</code> (log <code>{escape(launch['log'])}</code>)</li>"
+                                 for launch in run_report.launches) + "</ul></details>")
     for row in run_report.mismatched:
         section.append(f'<p class="warning">WARNING: {escape(mismatch_warning(row))}.</p>')
-    for row in run_report.unstable:
-        section.append(f'<p class="warning">{escape(unstable_warning(row))}.</p>')
+    warning = unstable_warning(run_report)
+    if warning:
+        section.append(f'<div class="warning unstable">{escape(warning)}.<ul>'
+                       + "".join(f"<li>{escape(line)}</li>" for line in unstable_lines(run_report)) + "</ul></div>")
     if not len(run_report.table):
         section.append("<p>No points match the filters.</p>")
     for (temperature, top_p), group in run_report.table.groupby(["temperature", "top_p"], sort=True):
@@ -83,6 +100,8 @@ def _run_section(run_report: RunReport) -> list[str]:
         section += [f"<h3>{escape(tables.group_title(temperature, top_p))}</h3>",
                     _table(tables.display_points(group), row_classes=classes)]
     section += _load_section(run_report)
+    if run_report.capacity is not None:
+        section += _capacity_section(run_report.capacity)
     if len(run_report.failed):
         section += ["<h3>Failed points</h3>", "<ul>"]
         section += [f"<li><code>{escape(row['point_id'])}</code>: {escape(str(row['error']))}</li>"
@@ -105,7 +124,7 @@ def _load_section(run_report: RunReport) -> list[str]:
     section = []
     speedups = run_report.speedups_by_load
     for (temperature, top_p), group in speedups.groupby(["temperature", "top_p"], sort=True):
-        display = tables.display_load(group)
+        display = tables.display_load(group, sep="\n")  # acceptance below the speedup: narrower columns
         section += [f"<h3>{escape(tables.load_title(group))}</h3>",
                     _table(display, row_classes=[""] * (len(display) - 1) + ["best"])]
         crossover = load_tables.crossover_lines(run_report.crossover, temperature, top_p)
@@ -118,6 +137,24 @@ def _load_section(run_report: RunReport) -> list[str]:
         section += [f"<h3>{escape(load_tables.goodput_title(group))}</h3>",
                     _table(load_tables.display_goodput(group)),
                     f'<p class="meta">{escape(load_tables.goodput_caption(group))}</p>']
+    return section
+
+
+def _capacity_section(report: capacity.CapacityReport) -> list[str]:
+    """Per temperature: the headlines, the capacity table, what it means, the plot, the probes (folded)."""
+    section = []
+    for group in capacity.groups(report):
+        headlines = capacity.headlines(report, group.configurations)
+        section += [f"<h3>{escape(group.title)}</h3>",
+                    '<ul class="capacity">' + "".join(f"<li>{escape(line)}</li>" for line in headlines) + "</ul>",
+                    _table(capacity.display_capacity(report, group.configurations)),
+                    f'<p class="meta">{escape(capacity.caption(report, group.axis))}</p>']
+        plot = load_plots.capacity_plot(report, group)
+        if plot is not None:
+            section.append(_figure(plot))
+        if len(group.probes):
+            section.append(f"<details><summary>{escape(group.probes_title)}</summary>"
+                           f"{_table(capacity.display_probes(group.probes))}</details>")
     return section
 
 
@@ -173,7 +210,7 @@ def _schedule_section(study: trials.StudyReport, load: dict) -> list[str]:
     return section
 
 
-def _figure(plot: plots.Plot | tuple[str, str]) -> str:
+def _figure(plot: figures.Plot | tuple[str, str]) -> str:
     if isinstance(plot, tuple):
         title, reason = plot
         return f'<h3>{escape(title)}</h3><p class="missing">{escape(reason)}</p>'
@@ -185,6 +222,13 @@ def _figure(plot: plots.Plot | tuple[str, str]) -> str:
 def _table(frame: pd.DataFrame, *, row_classes: list[str] | None = None) -> str:
     classes = row_classes or [""] * len(frame)
     head = "".join(f"<th>{escape(str(c))}</th>" for c in frame.columns)
-    rows = [(f'<tr class="{c}">' if c else "<tr>") + "".join(f"<td>{escape(str(v))}</td>" for v in row) + "</tr>"
+    rows = [(f'<tr class="{c}">' if c else "<tr>")
+            + "".join(f"<td>{_cell(value)}</td>" for value in row) + "</tr>"
             for c, row in zip(classes, frame.itertuples(index=False))]
-    return "<table><thead><tr>" + head + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+    return ('<div class="table-scroll"><table><thead><tr>' + head + "</tr></thead><tbody>" + "".join(rows)
+            + "</tbody></table></div>")
+
+
+def _cell(value: object) -> str:
+    """A table cell's text, escaped; a cell of two lines (speedup, then acceptance) keeps them."""
+    return escape(str(value)).replace("\n", "<br>")

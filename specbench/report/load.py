@@ -14,6 +14,7 @@ from specbench import results
 
 TRIALS_FILE = "trials.parquet"  # written by `specbench tune`, with recommendation.json
 RECOMMENDATION_FILE = "recommendation.json"
+CAPACITY_FILE = "capacity.json"  # written by `specbench run`'s capacity search
 
 # The columns the report reads; a folder missing any of them is skipped.
 POINT_COLUMNS_USED = (
@@ -50,6 +51,7 @@ class Run:
     requests: pd.DataFrame
     manifest: dict[str, Any] = field(default_factory=dict)
     tune: Tune | None = None
+    capacity: dict[str, Any] | None = None  # capacity.json as written (None when the folder has none)
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,11 @@ def _read_run(folder: Path) -> Run | Skipped:
     manifest = _read_manifest(folder / results.MANIFEST_FILE)
     if isinstance(manifest, str):
         return Skipped(folder, manifest)
-    return Run(name=folder.name, path=folder, points=points, requests=requests, manifest=manifest, tune=tune)
+    capacity = _read_capacity(folder / CAPACITY_FILE) if (folder / CAPACITY_FILE).exists() else None
+    if isinstance(capacity, str):
+        return Skipped(folder, capacity)
+    return Run(name=folder.name, path=folder, points=points, requests=requests, manifest=manifest, tune=tune,
+               capacity=capacity)
 
 
 def _read_tune(folder: Path) -> Tune | str:
@@ -164,6 +170,22 @@ def _read_manifest(path: Path) -> dict[str, Any] | str:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         return f"unreadable {path.name}: {_first_line(error)}"
     return manifest if isinstance(manifest, dict) else f"unreadable {path.name}: not a JSON object"
+
+
+def _read_capacity(path: Path) -> dict[str, Any] | str:
+    """capacity.json, or why it cannot be used: an object whose `configurations` is a list of objects, each with a
+    configuration, a temperature, a top_p and an axis."""
+    document = _read_manifest(path)
+    if isinstance(document, str):
+        return document
+    entries = document.get("configurations")
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        return f"{path.name}: `configurations` is not a list of objects"
+    for index, entry in enumerate(entries):
+        missing = [key for key in ("configuration", "temperature", "top_p", "axis") if entry.get(key) is None]
+        if missing:
+            return f"{path.name}: configurations[{index}] lacks {', '.join(missing)}"
+    return document
 
 
 def _first_line(error: Exception) -> str:

@@ -1,34 +1,22 @@
-"""The report's plots, drawn with matplotlib's Agg renderer (no display, no pyplot state) into PNG
-bytes. Each function returns a Plot, or None when the points hold nothing to draw."""
+"""The report's plots of a run's points and of a tune, drawn into PNG bytes (figures.py); the plots against load
+are in load_plots.py. Each function returns a Plot, or None when the points hold nothing to draw."""
 
 from __future__ import annotations
-
-import io
-import math
-from dataclasses import dataclass
 
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
-from specbench.report import load_tables, tables
+from specbench.report import load_plots, tables
+from specbench.report.figures import PANEL_H, Plot, drawn, panels, to_plot
 from specbench.report.trials import StudyReport
-
-PANEL_W, PANEL_H, MAX_COLUMNS = 4.8, 3.4, 3
-
-
-@dataclass(frozen=True)
-class Plot:
-    title: str
-    caption: str
-    png: bytes
 
 
 def all_plots(points: pd.DataFrame, categories: pd.DataFrame) -> list[Plot | tuple[str, str]]:
     """Every plot in report order; a (title, why not drawn) pair where there was nothing to draw."""
     makers = [
         ("Speedup vs gamma", lambda: speedup_vs_gamma(points), "no speculative point ran"),
-        *_load_makers(points),
+        *load_plots.load_makers(points),
         ("Acceptance by draft position", lambda: acceptance_by_position(points),
          "no per-position draft counts (the hf backend does not record them)"),
         ("Measured vs predicted speedup", lambda: measured_vs_predicted(points),
@@ -37,54 +25,27 @@ def all_plots(points: pd.DataFrame, categories: pd.DataFrame) -> list[Plot | tup
          "no speculative point with a baseline on the same categories"),
         ("Throughput vs peak memory", lambda: throughput_vs_memory(points), "no tokens/s and peak memory recorded"),
     ]
-    return _drawn(makers)
-
-
-def load_plots(points: pd.DataFrame) -> list[Plot | tuple[str, str]]:
-    """The plots of a run under load (speedup and p99 latency against load at several levels, goodput against
-    request rate at several rates), or why not drawn; nothing at one level."""
-    return _drawn(_load_makers(points))
-
-
-def _load_makers(points: pd.DataFrame) -> list:
-    makers = []
-    levels = tables.load_levels(points)
-    if len(levels) >= 2:
-        makers += [(f"Speedup vs {tables.load_axis(levels)}", lambda: speedup_vs_load(points),
-                    "no trusted speculative point has a speedup"),
-                   ("Latency p99 vs load", lambda: latency_vs_load(points), "no TTFT or TPOT p99 recorded")]
-    if "request_rate" in points and points["request_rate"].dropna().nunique() >= 2:
-        makers.append(("Goodput vs request rate", lambda: goodput_vs_rate(points), "no point has a goodput"))
-    return makers
+    return drawn(makers)
 
 
 def tune_plots(studies: list[StudyReport]) -> list[Plot | tuple[str, str]]:
     """The plots of a tune's output, in report order; (title, why not drawn) where there was nothing."""
-    return _drawn([
+    return drawn([
         ("Objective by trial", lambda: objective_by_trial(studies), "no trial finished"),
         ("Parameter importances", lambda: parameter_importances(studies),
          "; ".join(f"{s.study}: {s.importance_note}" for s in studies) or "no study"),
     ])
 
 
-def _drawn(makers) -> list[Plot | tuple[str, str]]:
-    """Each (title, make, reason): the plot `make` draws, or (title, why not drawn) when it draws nothing."""
-    drawn: list[Plot | tuple[str, str]] = []
-    for title, make, reason in makers:
-        plot = make()
-        drawn.append(plot if plot is not None else (title, f"Not drawn: {reason}."))
-    return drawn
-
-
 ROLE_COLORS = {"calibration": "tab:orange", "warm_start": "tab:green", "search": "tab:blue"}
 
 
 def objective_by_trial(studies: list[StudyReport]) -> Plot | None:
-    drawn = [s for s in studies if s.trials["value"].notna().any()]
-    if not drawn:
+    finished = [s for s in studies if s.trials["value"].notna().any()]
+    if not finished:
         return None
-    figure, axes = _panels(len(drawn), height=PANEL_H + 0.7)
-    for ax, study in zip(axes, drawn):
+    figure, axes = panels(len(finished), height=PANEL_H + 0.7)
+    for ax, study in zip(axes, finished):
         trials = study.trials.dropna(subset=["value"])
         for role, group in trials.groupby("role", sort=False):
             color = ROLE_COLORS.get(str(role), "tab:grey")
@@ -112,168 +73,77 @@ def objective_by_trial(studies: list[StudyReport]) -> Plot | None:
             legend.setdefault(label, handle)
     figure.legend(legend.values(), legend.keys(), loc="outside lower center", ncols=min(4, len(legend)),
                   fontsize="small")
-    return _plot(figure, "Objective by trial",
+    return to_plot(figure, "Objective by trial",
                  "Each trial's objective in the order trials were numbered, coloured by role: calibration "
                  "(one per draft at the largest gamma), warm start (the analytic model's best predictions), "
                  "search (TPE). Hollow: pruned, at its value when stopped. Star: the recommended trial.")
 
 
 def parameter_importances(studies: list[StudyReport]) -> Plot | None:
-    drawn = [s for s in studies if s.importances]
-    if not drawn:
+    computed = [s for s in studies if s.importances]
+    if not computed:
         return None
-    figure, axes = _panels(len(drawn), height=max(2.2, 0.5 * max(len(s.importances) for s in drawn) + 1.4))
-    for ax, study in zip(axes, drawn):
+    figure, axes = panels(len(computed), height=max(2.2, 0.5 * max(len(s.importances) for s in computed) + 1.4))
+    for ax, study in zip(axes, computed):
         names = list(study.importances)[::-1]  # the most important on top
         values = [study.importances[name] for name in names]
         ax.barh(names, values, color="tab:blue")
         for y, value in enumerate(values):
             ax.text(value, y, f" {value:.2f}", va="center", fontsize="small")
         ax.set(title=tables.group_title(study.temperature, study.top_p), xlabel="importance", xlim=(0, 1.15))
-    return _plot(figure, "Parameter importances",
+    return to_plot(figure, "Parameter importances",
                  "The share of the objective's variance over the completed trials that each parameter explains, "
                  "as Optuna's fANOVA evaluator computes it (importances sum to 1). Few trials make them rough; "
                  "ngram_max, which only n-gram drafts have, is left out when a study mixes drafts.")
 
 
 def speedup_vs_gamma(points: pd.DataFrame) -> Plot | None:
+    figure = gamma_figure(points)
+    if figure is None:
+        return None
+    caption = "Speedup over the baseline per draft; bands are the 95 % bootstrap CIs; dashed: the baseline."
+    if len(tables.load_levels(points)) > 1:
+        caption = ("Speedup over the baseline per draft, a panel per load level (each point against the baseline at "
+                   "its own level); bands are the 95 % bootstrap CIs; dashed: the baseline.")
+    return to_plot(figure, "Speedup vs gamma", caption)
+
+
+def gamma_figure(points: pd.DataFrame) -> Figure | None:
+    """A panel per temperature and top_p, and per load level when the run has several (a speedup is against the
+    baseline at its own level: levels are never joined); x: gamma, a line per draft (per draft and n-gram length
+    where a draft has several), a colour per line the same in every panel."""
     data = _speculative(points).dropna(subset=["gamma", "speedup"])
     if not len(data):
         return None
-    groups = list(data.groupby(["temperature", "top_p"], sort=True))
-    figure, axes = _panels(len(groups))
-    for ax, ((temperature, top_p), group) in zip(axes, groups):
-        for draft, lines in group.groupby("draft", sort=True):
+    rank = {level: index for index, level in enumerate(tables.load_levels(points))}
+    per_level = len(rank) > 1
+    data = data.assign(load=tables.levels(data), line=_line_names(data))
+    data = data.assign(load_rank=data["load"].map(rank))
+    groups = list(data.groupby(["temperature", "top_p", *(["load_rank", "load"] if per_level else [])], sort=True))
+    colors = {name: f"C{index % 10}" for index, name in enumerate(sorted(data["line"].unique()))}
+    figure, axes = panels(len(groups), sharey=per_level)
+    for ax, (key, group) in zip(axes, groups):
+        for name, lines in group.groupby("line", sort=True):
             lines = lines.sort_values("gamma")
-            gamma = lines["gamma"].astype(float)
-            (line,) = ax.plot(gamma, lines["speedup"], marker="o", label=draft)
+            ax.plot(lines["gamma"].astype(float), lines["speedup"], marker="o", label=name, color=colors[name])
             band = lines.dropna(subset=["speedup_ci_low", "speedup_ci_high"])
             if len(band):
                 ax.fill_between(band["gamma"].astype(float), band["speedup_ci_low"], band["speedup_ci_high"],
-                                color=line.get_color(), alpha=0.2, linewidth=0)
+                                color=colors[name], alpha=0.2, linewidth=0)
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="baseline")
-        ax.set(title=tables.group_title(temperature, top_p), xlabel="gamma (draft tokens per step)", ylabel="speedup")
+        title = tables.group_title(key[0], key[1]) + (f", {key[3]}" if per_level else "")
+        ax.set(title=title, xlabel="gamma (draft tokens per step)", ylabel="speedup")
         ax.set_xticks(sorted(group["gamma"].astype(int).unique()))
         ax.legend(fontsize="small")
-    return _plot(figure, "Speedup vs gamma",
-                 "Speedup over the baseline per draft; bands are the 95 % bootstrap CIs; dashed: the baseline.")
-
-
-def speedup_vs_load(points: pd.DataFrame) -> Plot | None:
-    figure = load_figure(points)
-    axis = tables.load_axis(tables.load_levels(points))
-    return None if figure is None else _plot(
-        figure, f"Speedup vs {axis}",
-        f"Speedup over the baseline at the same {'concurrency' if axis == 'concurrency' else 'load level'}, per "
-        "draft and gamma; bands are the 95 % bootstrap CIs; dashed: the baseline; star: the highest level at which "
-        "the CI lies wholly above 1.0. Unstable points are drawn (the tables label them); failed and mismatched "
-        "are not.")
-
-
-def load_figure(points: pd.DataFrame) -> Figure | None:
-    """x: requests in flight (log2, a tick per level), or, once a request rate is among the levels, every level
-    in load order (a tick each); y: speedup; a line per configuration, a star at its crossover, a panel per
-    temperature and top_p."""
-    speedups = tables.load_speedups(points)
-    data = speedups[speedups["status"].isin(["ok", "unstable"]) & (speedups["method"] != "baseline")]
-    data = data.dropna(subset=["speedup"])
-    if not len(data):
-        return None
-    crossover = load_tables.crossovers(speedups).dropna(subset=["load"]).set_index(["temperature", "top_p",
-                                                                                     "configuration"])
-    closed = tables.load_axis(tables.load_levels(points)) == "concurrency"
-    x = "concurrency" if closed else "load_rank"
-    groups = list(data.groupby(["temperature", "top_p"], sort=True))
-    figure, axes = _panels(len(groups))
-    for ax, ((temperature, top_p), group) in zip(axes, groups):
-        for name, line in group.groupby("configuration", sort=False):
-            (drawn,) = ax.plot(line[x].astype(float), line["speedup"], marker="o", label=name)
-            band = line.dropna(subset=["speedup_ci_low", "speedup_ci_high"])
-            if len(band):
-                ax.fill_between(band[x].astype(float), band["speedup_ci_low"].astype(float),
-                                band["speedup_ci_high"].astype(float), color=drawn.get_color(), alpha=0.2, linewidth=0)
-            if (temperature, top_p, name) in crossover.index:
-                at = line[line["load"] == crossover.loc[(temperature, top_p, name), "load"]].iloc[0]
-                ax.plot([float(at[x])], [at["speedup"]], marker="*", markersize=14, linestyle="none",
-                        color=drawn.get_color(), markeredgecolor="black", label=f"_crossover {name}")  # the caption says
-        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="baseline")
-        if closed:
-            ticks = tables.concurrency_levels(points)
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(ticks, [str(level) for level in ticks])
-            ax.set_xticks([], minor=True)
-            ax.set(xlabel="concurrency (requests in flight)")
-        else:
-            _level_ticks(ax, tables.load_levels(points))
-        ax.set(title=tables.group_title(temperature, top_p), ylabel="speedup")
-        ax.legend(fontsize="small")
     return figure
 
 
-def _level_ticks(ax, levels: list[str]) -> None:
-    ax.set_xticks(range(len(levels)), levels, rotation=30, ha="right")
-    ax.set(xlabel="load level")
-
-
-LATENCIES = (("ttft_ms_p99", "TTFT p99 (ms)"), ("tpot_ms_p99", "TPOT p99 (ms)"))
-
-
-def latency_vs_load(points: pd.DataFrame) -> Plot | None:
-    figure = latency_figure(points)
-    return None if figure is None else _plot(
-        figure, "Latency p99 vs load",
-        "The 99th percentile of time to first token and of time per output token at each load level, per "
-        "configuration and the baseline; failed and mismatched points are not drawn.")
-
-
-def latency_figure(points: pd.DataFrame) -> Figure | None:
-    """A row per temperature and top_p, a TTFT p99 and a TPOT p99 panel each; x: every load level in load order
-    (a tick each), a line per configuration (the baseline too)."""
-    columns = [column for column, _ in LATENCIES if column in points]
-    data = tables.by_configuration(tables.trusted(points))
-    if len(columns) < len(LATENCIES) or data[columns].isna().all().all():
-        return None
-    levels = tables.load_levels(points)
-    rank = {label: index for index, label in enumerate(levels)}  # by_configuration ranks the trusted levels only
-    groups = list(data.groupby(["temperature", "top_p"], sort=True))
-    figure = Figure(figsize=(PANEL_W * 2, PANEL_H * len(groups)), layout="constrained")
-    rows = figure.subplots(len(groups), 2, squeeze=False)
-    for (ttft_ax, tpot_ax), ((temperature, top_p), group) in zip(rows, groups):
-        for ax, (column, label) in ((ttft_ax, LATENCIES[0]), (tpot_ax, LATENCIES[1])):
-            for name, line in group.dropna(subset=[column]).groupby("configuration", sort=False):
-                ax.plot([rank[level] for level in line["load"]], line[column].astype(float), marker="o", label=name)
-            _level_ticks(ax, levels)
-            ax.set(title=tables.group_title(temperature, top_p), ylabel=label)
-        ttft_ax.legend(fontsize="small")
-    return figure
-
-
-def goodput_vs_rate(points: pd.DataFrame) -> Plot | None:
-    figure = goodput_figure(points)
-    slos = "; ".join(str(slo) for slo in points["slo"].dropna().unique()) if "slo" in points else ""
-    return None if figure is None else _plot(
-        figure, "Goodput vs request rate",
-        f"Requests per second that met every SLO ({slos or 'not recorded'}) at each offered request rate, per "
-        "configuration and the baseline; dashed: the offered rate (every request meets the SLO).")
-
-
-def goodput_figure(points: pd.DataFrame) -> Figure | None:
-    """x: offered request rate, y: goodput; a line per configuration (the baseline too), a panel per
-    temperature and top_p."""
-    data = load_tables.goodput(points).dropna(subset=["request_rate"])
-    if not len(data):
-        return None
-    groups = list(data.groupby(["temperature", "top_p"], sort=True))
-    figure, axes = _panels(len(groups))
-    for ax, ((temperature, top_p), group) in zip(axes, groups):
-        for name, line in group.groupby("configuration", sort=False):
-            ax.plot(line["request_rate"].astype(float), line["goodput"].astype(float), marker="o", label=name)
-        rates = sorted(group["request_rate"].astype(float).unique())
-        ax.plot(rates, rates, color="grey", linestyle="--", linewidth=1, label="offered rate")
-        ax.set(title=tables.group_title(temperature, top_p), xlabel="request rate (requests/s)",
-               ylabel="goodput (requests/s)")
-        ax.legend(fontsize="small")
-    return figure
+def _line_names(points: pd.DataFrame) -> list[str]:
+    """The draft; with its longest n-gram (`ngram n=3`) where the draft ran with several."""
+    lengths = points["ngram_max"] if "ngram_max" in points else pd.Series(pd.NA, index=points.index)
+    several = lengths.groupby(points["draft"]).nunique()
+    return [f"{draft} n={int(n)}" if several[draft] > 1 and not pd.isna(n) else str(draft)
+            for draft, n in zip(points["draft"], lengths)]
 
 
 def acceptance_by_position(points: pd.DataFrame) -> Plot | None:
@@ -281,7 +151,7 @@ def acceptance_by_position(points: pd.DataFrame) -> Plot | None:
     if not len(data):
         return None
     groups = list(data.groupby(["temperature", "top_p"], sort=True))
-    figure, axes = _panels(len(groups))
+    figure, axes = panels(len(groups))
     for ax, ((temperature, top_p), group) in zip(axes, groups):
         for point_id, line in group.groupby("point_id", sort=False):
             ax.plot(line["position"], line["acceptance_rate"], marker="o", label=_label(line.iloc[0]))
@@ -289,7 +159,7 @@ def acceptance_by_position(points: pd.DataFrame) -> Plot | None:
                ylim=(0, 1.05))
         ax.set_xticks(sorted(group["position"].unique()))
         ax.legend(fontsize="small")
-    return _plot(figure, "Acceptance by draft position",
+    return to_plot(figure, "Acceptance by draft position",
                  "accepted / drafted at each position of the speculated block, per point.")
 
 
@@ -297,7 +167,7 @@ def measured_vs_predicted(points: pd.DataFrame) -> Plot | None:
     data = _speculative(points).dropna(subset=["speedup", "predicted_speedup"])
     if not len(data):
         return None
-    figure, (ax,) = _panels(1, width=6.0, height=4.6)
+    figure, (ax,) = panels(1, width=6.0, height=4.6)
     for draft, group in data.groupby("draft", sort=True):
         low = (group["speedup"] - group["speedup_ci_low"]).clip(lower=0).fillna(0)
         high = (group["speedup_ci_high"] - group["speedup"]).clip(lower=0).fillna(0)
@@ -309,7 +179,7 @@ def measured_vs_predicted(points: pd.DataFrame) -> Plot | None:
     ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", linestyle="--", linewidth=1, label="y = x")
     ax.set(xlabel="predicted speedup (analytic model)", ylabel="measured speedup")
     ax.legend(fontsize="small")
-    return _plot(figure, "Measured vs predicted speedup",
+    return to_plot(figure, "Measured vs predicted speedup",
                  "Each point against the Leviathan et al. prediction from its measured acceptance and costs; "
                  "error bars are 95 % CIs. Above the line: faster than predicted. The prediction assumes gamma "
                  "tokens drafted every step: n-gram drafts propose fewer, or none when nothing matches, so they "
@@ -324,7 +194,7 @@ def category_heatmap(categories: pd.DataFrame) -> Plot | None:
     finite = values[~pd.isna(values)]
     # red below 1x, green above; each side spans its own range (speedups are never negative)
     norm = TwoSlopeNorm(vcenter=1.0, vmin=min(float(finite.min()), 0.95), vmax=max(float(finite.max()), 1.05))
-    figure, (ax,) = _panels(1, width=max(5.0, 1.1 * len(matrix.columns) + 3.0),
+    figure, (ax,) = panels(1, width=max(5.0, 1.1 * len(matrix.columns) + 3.0),
                             height=max(2.5, 0.42 * len(matrix) + 1.5))
     image = ax.imshow(values, cmap="RdYlGn", norm=norm, aspect="auto")
     ax.set_xticks(range(len(matrix.columns)), matrix.columns, rotation=30, ha="right")
@@ -332,7 +202,7 @@ def category_heatmap(categories: pd.DataFrame) -> Plot | None:
     for (row, column), value in pd.DataFrame(values).stack().items():
         ax.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize="small")
     figure.colorbar(image, ax=ax, label="speedup")
-    return _plot(figure, "Speedup per workload category",
+    return to_plot(figure, "Speedup per workload category",
                  "Per point and category: sum of output tokens / sum of end-to-end time, over the baseline's "
                  "on the same category.")
 
@@ -343,7 +213,7 @@ def throughput_vs_memory(points: pd.DataFrame) -> Plot | None:
         return None
     front = tables.pareto_front(data)
     groups = list(data.groupby(["temperature", "top_p"], sort=True))
-    figure, axes = _panels(len(groups))
+    figure, axes = panels(len(groups))
     for ax, ((temperature, top_p), group) in zip(axes, groups):
         on_front = group[front[group.index]].sort_values("peak_memory_mb")
         ax.scatter(group["peak_memory_mb"], group["tokens_per_s"], color="tab:blue", alpha=0.6, label="point")
@@ -356,7 +226,7 @@ def throughput_vs_memory(points: pd.DataFrame) -> Plot | None:
         ax.margins(0.15)
         ax.set(title=tables.group_title(temperature, top_p), xlabel="peak memory (MB)", ylabel="tokens/s")
         ax.legend(fontsize="small")
-    return _plot(figure, "Throughput vs peak memory",
+    return to_plot(figure, "Throughput vs peak memory",
                  "The Pareto front: points that no other point beats on both tokens/s and peak memory.")
 
 
@@ -368,19 +238,3 @@ def _speculative(points: pd.DataFrame) -> pd.DataFrame:
 def _label(row) -> str:
     gamma = row["gamma"]
     return str(row["draft"]) if gamma is None or pd.isna(gamma) else f"{row['draft']} g={int(gamma)}"
-
-
-def _panels(n: int, *, width: float = PANEL_W, height: float = PANEL_H):
-    columns = min(n, MAX_COLUMNS)
-    rows = math.ceil(n / columns)
-    figure = Figure(figsize=(width * columns, height * rows), layout="constrained")
-    axes = figure.subplots(rows, columns, squeeze=False).ravel()
-    for unused in axes[n:]:
-        unused.set_visible(False)
-    return figure, list(axes[:n])
-
-
-def _plot(figure: Figure, title: str, caption: str) -> Plot:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    return Plot(title=title, caption=caption, png=buffer.getvalue())

@@ -8,9 +8,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specbench.report import load_tables, schedule, tables, trials, workload
+from specbench.report import capacity, load_tables, schedule, tables, trials, workload
 from specbench.report.build import Report, RunReport
-from specbench.report.text import display_comparison, display_matrix, mismatch_warning, options_line, unstable_warning
+from specbench.report.text import (display_comparison, display_matrix, mismatch_warning, options_line, unstable_lines,
+                                   unstable_warning)
 
 STATUS_STYLE = {"failed": "red", "mismatch": "bold white on red", "unstable": "yellow"}
 
@@ -39,12 +40,17 @@ def _print_run(console: Console, run_report: RunReport) -> None:
         title = f"{tables.group_title(temperature, top_p)}  ({best} in bold green)"
         console.print(_table(tables.display_points(group), title=title, row_styles=styles))
     _print_load(console, run_report)
+    if run_report.capacity is not None:
+        _print_capacity(console, run_report.capacity)
     for row in run_report.failed.to_dict("records"):
         console.print(f"[red]failed[/red] {escape(row['point_id'])}: {escape(str(row['error']))}", soft_wrap=True)
     for row in run_report.mismatched:
         console.print(f"[bold red]WARNING: {escape(mismatch_warning(row))}[/bold red]", soft_wrap=True)
-    for row in run_report.unstable:
-        console.print(f"[bold yellow]{escape(unstable_warning(row))}[/bold yellow]", soft_wrap=True)
+    warning = unstable_warning(run_report)
+    if warning:
+        console.print(f"[bold yellow]{escape(warning)}[/bold yellow]", soft_wrap=True)
+        for line in unstable_lines(run_report):
+            console.print(f"[yellow]  {escape(line)}[/yellow]", soft_wrap=True)
     if run_report.workload is not None:
         _print_workload(console, run_report.workload)
     matrix = tables.category_matrix(run_report.categories)
@@ -121,10 +127,27 @@ def _print_load(console: Console, run_report: RunReport) -> None:
         console.print(f"[dim]{escape(load_tables.goodput_caption(group))}[/dim]", soft_wrap=True)
 
 
+def _print_capacity(console: Console, report: capacity.CapacityReport) -> None:
+    """Per temperature: the capacity table, the headline per speculative configuration, what it means, the probes."""
+    for group in capacity.groups(report):
+        display = capacity.display_capacity(report, group.configurations)
+        for part, columns in enumerate(_column_chunks(display, width=console.width)):
+            title = group.title + (" (continued)" if part else "")
+            console.print(_table(display[columns], title=title, min_width=len(title)))
+        for line in capacity.headlines(report, group.configurations):
+            console.print(f"[bold]{escape(line)}[/bold]", soft_wrap=True)
+        console.print(f"[dim]{escape(capacity.caption(report, group.axis))}[/dim]", soft_wrap=True)
+        if len(group.probes):
+            display = capacity.display_probes(group.probes)
+            for part, columns in enumerate(_column_chunks(display, width=console.width)):
+                title = group.probes_title + (" (continued)" if part else "")
+                console.print(_table(display[columns], title=title, min_width=len(title)))
+
+
 def _column_chunks(frame: pd.DataFrame, *, width: int) -> list[list[str]]:
-    """The first column with as many of the next as fit `width`, then with the rest: a table with many
-    concurrency levels is split rather than cut off."""
-    widths = {column: _width(frame[column]) + 2 for column in frame.columns}
+    """The first column with as many of the next as fit `width` (headers unwrapped: rich cannot always wrap them),
+    then with the rest: a table with many concurrency levels is split rather than cut off."""
+    widths = {column: max(_width(frame[column]), len(str(column))) + 2 for column in frame.columns}
     first, *rest = frame.columns
     chunks: list[list[str]] = [[]]
     for column in rest:
@@ -145,7 +168,8 @@ def _table(frame: pd.DataFrame, *, title: str, row_styles: list[str | None] | No
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
                   pad_edge=False, min_width=min_width)
     for index, column in enumerate(frame.columns):
-        table.add_column(str(column), justify="left" if index == 0 else "right", min_width=_width(frame[column]))
+        table.add_column(escape(str(column)), justify="left" if index == 0 else "right",
+                         min_width=_width(frame[column]))
     for style, row in zip(row_styles or [None] * len(frame), frame.itertuples(index=False)):
         table.add_row(*(escape(str(value)) for value in row), style=style)
     return table

@@ -9,13 +9,23 @@ from typing import Any
 import pandas as pd
 
 from specbench.contention import ADVICE
-from specbench.report import load_tables, schedule, tables, trials, workload
+from specbench.report import capacity, load_tables, schedule, tables, trials, workload
 from specbench.report.build import Report, RunReport
 from specbench.summary import mismatch_warning
 
 
-def unstable_warning(row: dict) -> str:
-    return f"unstable timing at {row['point_id']}: {row.get('unstable_reason')}; {ADVICE}"
+def unstable_warning(run_report: RunReport) -> str | None:
+    """One warning for every point whose timing is not trusted (unstable_lines says which and why); None when
+    there is none."""
+    if not run_report.unstable:
+        return None
+    return (f"unstable timing at {len(run_report.unstable)} of {len(run_report.points)} points: their speedups "
+            f"cannot be trusted; {ADVICE}")
+
+
+def unstable_lines(run_report: RunReport) -> list[str]:
+    """`ngram-g3-t0-p1-c4, self-g1-t0-p1-r1: other processes used 40% of the CPU`: a line per reason."""
+    return [f"{', '.join(points)}: {reason}" for reason, points in run_report.unstable_reasons]
 
 
 def options_line(report: Report) -> str:
@@ -44,6 +54,9 @@ def to_markdown(report: Report) -> str:
 
 def _run_markdown(run_report: RunReport) -> list[str]:
     lines = [f"## {run_report.run.name}", "", f"`{run_report.run.path}`: {run_report.summary}", ""]
+    if run_report.launches:
+        lines += ["Server launches:", ""] + [f"- `{launch['point']}`: `{launch['command']}` (log `{launch['log']}`)"
+                                             for launch in run_report.launches] + [""]
     if not len(run_report.table):
         lines += ["No points match the filters.", ""]
     for (temperature, top_p), group in run_report.table.groupby(["temperature", "top_p"], sort=True):
@@ -53,14 +66,17 @@ def _run_markdown(run_report: RunReport) -> list[str]:
                                                        "unstable": "**unstable**"})
         lines += [f"### {tables.group_title(temperature, top_p)}", ""] + markdown_table(display) + [""]
     lines += _load_markdown(run_report)
+    if run_report.capacity is not None:
+        lines += _capacity_markdown(run_report.capacity)
     if len(run_report.failed):
         lines += ["Failed points:", ""]
         lines += [f"- `{row['point_id']}`: {_cell(str(row['error']))}" for row in run_report.failed.to_dict("records")]
         lines += [""]
     for row in run_report.mismatched:
         lines += [f"> **WARNING: {mismatch_warning(row)}.**", ""]
-    for row in run_report.unstable:
-        lines += [f"> **{unstable_warning(row)}.**", ""]
+    warning = unstable_warning(run_report)
+    if warning:
+        lines += [f"> **{warning}.**", ">"] + [f"> - {_cell(line)}" for line in unstable_lines(run_report)] + [""]
     if run_report.workload is not None:
         lines += _workload_markdown(run_report.workload)
     matrix = tables.category_matrix(run_report.categories)
@@ -90,15 +106,28 @@ def _load_markdown(run_report: RunReport) -> list[str]:
         lines += markdown_table(load_tables.display_goodput(group)) + ["", load_tables.goodput_caption(group), ""]
     if not len(speedups) and not len(run_report.goodput):
         return lines
-    from specbench.report import plots  # matplotlib loads only when there is a plot to draw
+    from specbench.report import load_plots  # matplotlib loads only when there is a plot to draw
 
-    for plot in plots.load_plots(run_report.points):
+    for plot in load_plots.load_plots(run_report.points):
         if isinstance(plot, tuple):
             title, reason = plot
             lines += [f"### {title}", "", f"_{reason}_", ""]
         else:  # inline, as in the HTML: renderers that allow data URIs show it (GitHub's does not)
             data = base64.b64encode(plot.png).decode("ascii")
             lines += [f"### {plot.title}", "", f"![{plot.title}](data:image/png;base64,{data})", "", plot.caption, ""]
+    return lines
+
+
+def _capacity_markdown(report: capacity.CapacityReport) -> list[str]:
+    """Per temperature: the headline per speculative configuration, the capacity table, what it means, the probes."""
+    lines = []
+    for group in capacity.groups(report):
+        lines += [f"### {group.title}", ""]
+        lines += [f"- {_cell(line)}" for line in capacity.headlines(report, group.configurations)] + [""]
+        lines += markdown_table(capacity.display_capacity(report, group.configurations))
+        lines += ["", capacity.caption(report, group.axis), ""]
+        if len(group.probes):
+            lines += [f"### {group.probes_title}", ""] + markdown_table(capacity.display_probes(group.probes)) + [""]
     return lines
 
 
@@ -192,8 +221,9 @@ def to_json(report: Report) -> str:
         "filters": [f"{f.key}={f.value}" for f in report.filters],
         "runs": [{"run": r.run.name, "path": str(r.run.path), "summary": r.summary,
                   "workload": _workload_json(r.workload), "mismatched": [row["point_id"] for row in r.mismatched],
-                  "warnings": [mismatch_warning(row) for row in r.mismatched]
-                  + [unstable_warning(row) for row in r.unstable]} for r in report.runs],
+                  "warnings": _warnings(r),
+                  "unstable": [{"reason": reason, "points": points} for reason, points in r.unstable_reasons]}
+                 for r in report.runs],
         "points": _records(report.points_table()),
         "category_speedups": _records(pd.concat(
             [r.categories.assign(run=r.run.name) for r in report.runs], ignore_index=True)),
@@ -201,7 +231,23 @@ def to_json(report: Report) -> str:
         "tune": [_study_json(r.run.name, study) for r in report.runs for study in r.studies],
         "skipped": [{"path": str(s.path), "reason": s.reason} for s in report.skipped],
     }
+    if any(r.capacity is not None for r in report.runs):  # without capacity.json, nothing changes
+        document["capacity"] = [_capacity_json(r.run.name, r.capacity) for r in report.runs if r.capacity is not None]
     return json.dumps(document, indent=2) + "\n"
+
+
+def _warnings(run_report: RunReport) -> list[str]:
+    unstable = unstable_warning(run_report)
+    return [mismatch_warning(row) for row in run_report.mismatched] + ([unstable] if unstable else [])
+
+
+def _capacity_json(run: str, report: capacity.CapacityReport) -> dict[str, Any]:
+    return {"run": run, "target_attainment": report.target_attainment, "confidence": report.confidence,
+            "slo": report.slo, "resolution": report.resolution, "resolution_unit": report.resolution_unit,
+            "usd_per_hour": report.usd_per_hour, "traffic_rps": report.traffic_rps,
+            "headlines": [line for group in capacity.groups(report)
+                          for line in capacity.headlines(report, group.configurations)],
+            "configurations": report.entries}  # as capacity.json holds them, probes included
 
 
 def _workload_json(report: workload.WorkloadReport | None) -> dict[str, Any] | None:

@@ -1,0 +1,253 @@
+"""Capacity and cost from the capacity.json a capacity search leaves in a run folder: per temperature and load
+axis, each configuration's capacity (the highest load at which the share of requests meeting the SLO reaches the target)
+with the bracket that decided it, its gain over the baseline, the cost per 1M output tokens at capacity, and
+every probe behind it. Outputs are DataFrames and the strings every format shows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from specbench.report import tables
+
+CONFIGURATION_COLUMNS = (
+    "temperature", "top_p", "configuration", "method", "draft", "gamma", "axis", "capacity", "bracket_low",
+    "bracket_high", "attainment_low", "attainment_high", "status", "gain_vs_baseline", "usd_per_mtok_at_capacity",
+    "usd_per_mtok_change_vs_baseline", "replicas_for_traffic", "note",
+)  # attainment_low / _high: [share met, CI low, CI high] at the bracket's ends, or None
+PROBE_COLUMNS = ("temperature", "top_p", "configuration", "axis", "load", "point_id", "reused", "n_requests", "met",
+                 "attainment", "ci_low", "ci_high", "decision", "goodput", "tokens_per_s")
+FILTER_KEYS = ("temperature", "top_p", "method", "draft", "gamma")  # the --filter keys a configuration has
+
+
+@dataclass(frozen=True)
+class CapacityReport:
+    target_attainment: float
+    confidence: float | None  # the level of each probe's confidence interval
+    slo: dict[str, float]
+    resolution: float | None
+    resolution_unit: str | None  # "relative" (a fraction of the load) or "requests/s"
+    usd_per_hour: float | None
+    traffic_rps: float | None
+    configurations: pd.DataFrame  # CONFIGURATION_COLUMNS, as capacity.json lists them
+    probes: pd.DataFrame  # PROBE_COLUMNS, each configuration's probes in the order they ran
+    entries: list[dict[str, Any]]  # the configurations shown, exactly as capacity.json holds them
+
+
+def capacity_report(document: dict[str, Any], filters: list[tables.Filter] = ()) -> CapacityReport:
+    """The report's view of capacity.json. --filter keys a configuration has (temperature, top_p, method, draft,
+    gamma) apply; the baselines stay, as the reference the gains are against; other keys do not apply."""
+    configurations = pd.DataFrame([{column: entry.get(column) for column in CONFIGURATION_COLUMNS}
+                                   for entry in document["configurations"]], columns=list(CONFIGURATION_COLUMNS))
+    configurations = configurations.astype({"temperature": "float64", "top_p": "float64", "gamma": "Int64"})
+    applicable = [f for f in filters if f.key in FILTER_KEYS]
+    kept = tables.apply_filters(configurations, applicable) if applicable else configurations
+    shown = configurations.index.isin(kept.index) | (configurations["method"] == "baseline")
+    entries = [entry for entry, keep in zip(document["configurations"], shown) if keep]
+    probes = pd.DataFrame([{"temperature": entry["temperature"], "top_p": entry["top_p"],
+                            "configuration": entry["configuration"], "axis": entry["axis"],
+                            **{column: probe.get(column) for column in PROBE_COLUMNS[4:]}}
+                           for entry in entries for probe in entry.get("probes") or []], columns=list(PROBE_COLUMNS))
+    return CapacityReport(target_attainment=float(document.get("target_attainment", 0.95)),
+                          confidence=document.get("confidence"), slo=dict(document.get("slo") or {}),
+                          resolution=document.get("resolution"), resolution_unit=document.get("resolution_unit"),
+                          usd_per_hour=document.get("usd_per_hour"), traffic_rps=document.get("traffic_rps"),
+                          configurations=configurations[shown].reset_index(drop=True),
+                          probes=probes.astype({"temperature": "float64", "top_p": "float64"}), entries=entries)
+
+
+@dataclass(frozen=True)
+class CapacityGroup:
+    """The searches of one temperature, top_p and load axis (a request rate and a concurrency are not one scale)."""
+
+    name: str  # `temperature 0`; `temperature 0, by concurrency` where the run searched both axes
+    axis: str  # "request_rate" or "concurrency"
+    configurations: pd.DataFrame  # the baseline first, then as capacity.json lists them
+    probes: pd.DataFrame
+
+    @property
+    def title(self) -> str:
+        return f"Capacity and cost, {self.name}"
+
+    @property
+    def probes_title(self) -> str:
+        return f"Capacity probes, {self.name}"
+
+
+def groups(report: CapacityReport) -> list[CapacityGroup]:
+    """Per temperature and top_p (ascending), and load axis (concurrency first)."""
+    found = []
+    both = report.configurations["axis"].nunique() > 1
+    keys = set(report.configurations[["temperature", "top_p", "axis"]].itertuples(index=False, name=None))
+    for temperature, top_p, axis in sorted(keys, key=lambda key: (key[0], key[1], key[2] != "concurrency", key[2])):
+        mine = ((report.configurations["temperature"] == temperature) & (report.configurations["top_p"] == top_p)
+                & (report.configurations["axis"] == axis))
+        configurations = report.configurations[mine].sort_values("method", key=lambda m: m != "baseline",
+                                                                 kind="stable")
+        probes = report.probes[(report.probes["temperature"] == temperature) & (report.probes["top_p"] == top_p)
+                               & (report.probes["axis"] == axis)]
+        by = f", by {'concurrency' if axis == 'concurrency' else 'request rate'}" if both else ""
+        found.append(CapacityGroup(name=tables.group_title(temperature, top_p) + by, axis=axis,
+                                   configurations=configurations, probes=probes))
+    return found
+
+
+# --- strings --------------------------------------------------------------------------------------
+
+
+def number(value: float) -> str:
+    """At most two decimals, at least one: 1.3, 1.0, 1.25."""
+    text = f"{value:.2f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+def level(value: float, axis: str) -> str:
+    """`1.3 requests/s`, `concurrency 6`."""
+    return f"concurrency {int(value)}" if axis == "concurrency" else f"{number(value)} requests/s"
+
+
+def _bound(value: Any, axis: str) -> str:
+    if _missing(value):
+        return "-"
+    return str(int(value)) if axis == "concurrency" else number(value)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def capacity_cell(row: dict) -> str:
+    """`1.3 requests/s [1.3, 1.4]`: the capacity and, in brackets, the highest load that passed and the lowest that
+    failed; `at least 4.0 requests/s` when nothing failed above it, `below 0.5 requests/s` when nothing passed."""
+    capacity, high, axis = row["capacity"], row["bracket_high"], row["axis"]
+    if not _missing(capacity) and not _missing(high):
+        return f"{level(capacity, axis)} [{_bound(row['bracket_low'], axis)}, {_bound(high, axis)}]"
+    if not _missing(capacity):
+        return f"at least {level(capacity, axis)}"
+    return "-" if _missing(high) else f"below {level(high, axis)}"
+
+
+def attainment_cell(value: Any) -> str:
+    """`97% [91%, 99%]`: the share of requests that met the SLO, with its CI."""
+    if value is None or len(value) != 3 or any(_missing(v) for v in value):
+        return "-"
+    share, low, high = value
+    return f"{share:.0%} [{low:.0%}, {high:.0%}]"
+
+
+def percent_change(value: Any) -> str:
+    return "-" if _missing(value) else f"{value * 100:+.0f} %"
+
+
+def usd(value: Any) -> str:
+    """`$0.40`; below ten cents, two significant digits (`$0.0042`)."""
+    return "-" if _missing(value) else f"${value:.2f}" if value >= 0.1 else f"${value:.2g}"
+
+
+def display_capacity(report: CapacityReport, group: pd.DataFrame) -> pd.DataFrame:
+    """One group's configurations as strings, a row each; the cost columns only with a price, the replicas only
+    with a traffic figure (and a request rate: replicas serve requests per second)."""
+    columns: dict[str, list[str]] = {
+        "configuration": list(group["configuration"]),
+        "capacity [bracket]": [capacity_cell(row) for row in group.to_dict("records")],
+        "met at low end": [attainment_cell(v) for v in group["attainment_low"]],
+        "met at high end": [attainment_cell(v) for v in group["attainment_high"]],
+        "gain": [_against_baseline(row, "gain_vs_baseline") for row in group.to_dict("records")],
+    }
+    if report.usd_per_hour is not None:
+        columns["$/1M tokens"] = [usd(v) for v in group["usd_per_mtok_at_capacity"]]
+        columns["cost change"] = [_against_baseline(row, "usd_per_mtok_change_vs_baseline")
+                                  for row in group.to_dict("records")]
+    if report.traffic_rps is not None and (group["axis"] == "request_rate").all():
+        columns["replicas"] = [tables.fmt(v, "d") for v in group["replicas_for_traffic"].astype("Int64")]
+    columns["status"] = [str(status) + ("" if _missing(note) else f" ({note})")
+                         for status, note in zip(group["status"], group["note"])]
+    return pd.DataFrame(columns)
+
+
+def _against_baseline(row: dict, column: str) -> str:
+    """A change against the baseline; nothing on the baseline's own row (it is the reference)."""
+    return "-" if row["method"] == "baseline" else percent_change(row[column])
+
+
+def display_probes(probes: pd.DataFrame) -> pd.DataFrame:
+    """Every probe of one group, in the order each configuration ran them: the evidence behind each capacity."""
+    rows = [(
+        row["configuration"], level(row["load"], row["axis"]),
+        (row["point_id"] or "-") + (" (reused)" if not _missing(row["reused"]) and bool(row["reused"]) else ""),
+        tables.fmt(row["n_requests"], "d"), tables.fmt(row["met"], "d"),
+        attainment_cell([row["attainment"], row["ci_low"], row["ci_high"]]), row["decision"],
+        tables.fmt(row["goodput"], ".2f", " req/s"), tables.fmt(row["tokens_per_s"], ".1f"),
+    ) for row in probes.astype({"n_requests": "Int64", "met": "Int64"}).to_dict("records")]
+    return pd.DataFrame(rows, columns=["configuration", "load", "point", "requests", "met", "SLO met [CI]",
+                                       "decision", "goodput", "tok/s"])
+
+
+def headline(row: dict, baseline: dict | None, report: CapacityReport) -> str:
+    """`n-gram γ3 holds the SLO up to 1.3 requests/s against the baseline's 1.0: +30 %, $0.52 → $0.40 per 1M
+    output tokens` (the cost only with a price, the replicas only with a traffic figure); `up to at least` a load
+    that was not bracketed from above, with its status."""
+    name, axis = row["configuration"], row["axis"]
+    if _missing(row["capacity"]):
+        return f"{name}: no capacity found ({row['status']})"
+    text = f"{name} holds the SLO up to {_at_least(row)}{level(row['capacity'], axis)}"
+    if baseline is None:
+        text += "; capacity.json has no baseline to compare with"
+    elif _missing(baseline["capacity"]):
+        text += f"; the baseline's capacity was not found ({baseline['status']})"
+    else:
+        text += f" against the baseline's {_at_least(baseline)}{_bound(baseline['capacity'], axis)}"
+        parts = [percent_change(row["gain_vs_baseline"])] if not _missing(row["gain_vs_baseline"]) else []
+        if report.usd_per_hour is not None and not _missing(row["usd_per_mtok_at_capacity"]) \
+                and not _missing(baseline["usd_per_mtok_at_capacity"]):
+            parts.append(f"{usd(baseline['usd_per_mtok_at_capacity'])} → {usd(row['usd_per_mtok_at_capacity'])} "
+                         "per 1M output tokens")
+        text += (": " + ", ".join(parts)) if parts else ""
+        if report.traffic_rps is not None and not _missing(row["replicas_for_traffic"]) \
+                and not _missing(baseline["replicas_for_traffic"]):
+            text += (f"; {int(row['replicas_for_traffic'])} replicas for {number(report.traffic_rps)} requests/s "
+                     f"against {int(baseline['replicas_for_traffic'])}")
+    return text + ("" if row["status"] == "found" else f" ({row['status']})")
+
+
+def _at_least(row: dict) -> str:
+    """A capacity that is only a lower bound (the search never failed above it) says so."""
+    return "" if row["status"] == "found" else "at least "
+
+
+def headlines(report: CapacityReport, group: pd.DataFrame) -> list[str]:
+    """A sentence per speculative configuration of one group (temperature, top_p and load axis)."""
+    baselines = group[group["method"] == "baseline"].to_dict("records")
+    return [headline(row, baselines[0] if baselines else None, report)
+            for row in group[group["method"] != "baseline"].to_dict("records")]
+
+
+def caption(report: CapacityReport, axis: str) -> str:
+    """What the table says: the target, the SLO, how each end was decided, the price and the traffic."""
+    load = "concurrency" if axis == "concurrency" else "request rate"
+    slo = ", ".join(f"{key} <= {value:g}" for key, value in report.slo.items()) or "not recorded"
+    confidence = f"{report.confidence:.0%} " if report.confidence is not None else ""
+    text = (f"Capacity: the highest {load} at which at least {report.target_attainment:.0%} of requests meet the "
+            f"SLO ({slo}); in brackets, the highest load that passed and the lowest that failed. Met at low / high "
+            f"end: the share of requests that met the SLO there, with the {confidence}confidence interval that "
+            "decided the probe (the probes list every one)")
+    if report.resolution is not None:
+        relative = report.resolution_unit == "relative"
+        text += "; searched to " + (f"within {report.resolution:.0%} of the load" if relative
+                                    else f"{report.resolution:g} {report.resolution_unit or ''}".rstrip())
+    text += ". Gain: capacity over the baseline's"
+    if report.usd_per_hour is not None:
+        text += f". $/1M tokens: the cost of 1M output tokens at capacity, at ${report.usd_per_hour:g} per replica-hour"
+    if report.traffic_rps is not None and axis == "request_rate":
+        text += f"; replicas: how many serve {number(report.traffic_rps)} requests/s at capacity"
+    return text + "."
+
+
+def plot_probes(probes: pd.DataFrame) -> pd.DataFrame:
+    """The probe a plot shows per configuration and load (the last: a load probed again with more requests is
+    decided by that), by load."""
+    last = probes.drop_duplicates(["configuration", "load"], keep="last")
+    return last.sort_values(["load"], kind="stable")
