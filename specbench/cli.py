@@ -16,7 +16,7 @@ from specbench.models import BUILTIN_MODELS, ModelError, fetch_builtin, list_bui
 from specbench.profile import DEFAULT_PROFILE, ProfileError, load_profile, with_overrides
 from specbench.datasets import SOURCES as DATASETS
 from specbench.datasets import fetch_dataset, list_datasets
-from specbench.render import SweepProgress, print_builtins, print_datasets, print_run_summary
+from specbench.render import SweepProgress, print_builtins, print_capacity, print_datasets, print_run_summary
 from specbench.report import Format, ReportError, build_report, default_html_path, render
 from specbench.report.terminal import print_report
 from specbench.results import default_out_dir
@@ -62,6 +62,8 @@ def run(
     storage: Annotated[Optional[str], typer.Option(help="Share the sweep through this Optuna storage URL (postgresql://, mysql://, sqlite:///) or journal file; every process that joins runs the points not yet claimed (default with --study or --workers: study.db in the output folder).")] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name of a shared sweep (default: <profile name>-run).")] = None,
     workers: Annotated[int, typer.Option(help="Local worker processes sharing the sweep (one per visible GPU where there are GPUs).")] = 1,
+    usd_per_hour: Annotated[Optional[float], typer.Option(help="Price of one replica per hour (overrides [cost] usd_per_hour): the cost per 1M output tokens per point and at capacity.")] = None,
+    traffic: Annotated[Optional[float], typer.Option(help="Requests/s to serve (overrides [cost] traffic_rps): the replicas each configuration needs at its capacity.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")] = False,
 ) -> None:
     """Sweep drafts x gamma x temperature against the baseline; record every request into parquet."""
@@ -69,7 +71,8 @@ def run(
     if profile is None and not path.exists():
         _fail(f"no profile given and {DEFAULT_PROFILE} is not in the current folder; pass a profile path")
     try:
-        loaded = with_overrides(load_profile(path), backend=backend, device=device, max_prompts=max_prompts)
+        loaded = with_overrides(load_profile(path), backend=backend, device=device, max_prompts=max_prompts,
+                                usd_per_hour=usd_per_hour, traffic_rps=traffic)
     except ProfileError as error:
         _fail(str(error))
     out_dir = out or default_out_dir(loaded.name)
@@ -80,12 +83,15 @@ def run(
                                  observer=progress)
     except ONE_LINE as error:
         _fail(str(error))
-    print_run_summary(console, result.points, str(out_dir))
+    print_run_summary(console, result.points, str(out_dir), probes=result.capacity_probes)
+    if result.capacity is not None:
+        print_capacity(console, result.capacity)
     if json_output:
         points = json.loads(result.points.to_json(orient="records"))
-        summary = {"out_dir": str(out_dir), "failed": result.failed, "ran": result.ran, "points": points}
+        summary = {"out_dir": str(out_dir), "failed": result.failed, "ran": result.ran, "points": points,
+                   **({"capacity": result.capacity} if result.capacity is not None else {})}
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
-    raise typer.Exit(1 if result.failed else 0)
+    raise typer.Exit(1 if result.failed or result.capacity_not_found else 0)
 
 
 @app.command()

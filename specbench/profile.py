@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from specbench.backends import BACKENDS
+from specbench.capacity_spec import CapacitySpec, CostSpec, capacity_problem
 from specbench.engines import ENGINES
 from specbench.engines.base import SERVER_ONLY_METHODS, EngineError, Speculation, check_schedule
 from specbench.loadmix import levels_of, parse_load_mix
@@ -167,6 +168,8 @@ class ServerSpec(_Spec):
     url: StrictStr | None = None
     model: StrictStr | None = None  # the served model name to request (default: the first the server lists)
     ready_timeout_s: Annotated[float, Strict(), _check(lambda v: v > 0, "a number > 0")] = 300.0
+    request_timeout_s: PositiveFloat | None = None  # one request, send to last byte (default: 60 s + 1 s per token)
+    point_timeout_s: PositiveFloat | None = None  # one point (default: its requests each using their whole deadline)
     extra_args: tuple[StrictStr, ...] = ()
     env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     api_key_env: StrictStr | None = None  # the environment variable holding the API key (never the key)
@@ -246,6 +249,8 @@ class Profile(_Spec):
     run: RunSpec = Field(default_factory=RunSpec)
     load: LoadSpec = Field(default_factory=LoadSpec)
     slo: SloSpec = Field(default_factory=SloSpec)
+    capacity: CapacitySpec | None = None  # a capacity search per launch configuration (server backend, [slo])
+    cost: CostSpec = Field(default_factory=CostSpec)
     _source: Path | None = PrivateAttr(default=None)
 
     @property
@@ -307,6 +312,12 @@ class Profile(_Spec):
                                                         draft.ngram_max))
                 except EngineError as error:
                     raise _rule(str(error), at=("sweep", "gamma")) from None
+
+    @model_validator(mode="after")
+    def _capacity_runs(self) -> "Profile":
+        if problem := capacity_problem(backend=self.backend, slo_limits=self.slo.limits(), capacity=self.capacity):
+            raise problem
+        return self
 
     @model_validator(mode="after")
     def _known_mix(self) -> "Profile":
@@ -393,8 +404,8 @@ def _as_data(profile: Profile) -> dict:
     for key, default in (("request_rate", []),):
         if data["sweep"][key] == default:
             del data["sweep"][key]
-    for table in ("load", "slo"):
-        if data[table] == (LoadSpec() if table == "load" else SloSpec()).model_dump(mode="json", exclude_none=True):
+    for table, default in (("load", LoadSpec()), ("slo", SloSpec()), ("cost", CostSpec())):
+        if data[table] == default.model_dump(mode="json", exclude_none=True):
             del data[table]
     for key, default in (("ignore_eos", False), ("turns", 1), ("shared_prefixes", 0)):
         if data["workload"][key] == default:
@@ -415,9 +426,14 @@ def with_overrides(
     backend: str | None = None,
     device: str | None = None,
     max_prompts: int | None = None,
+    usd_per_hour: float | None = None,
+    traffic_rps: float | None = None,
 ) -> Profile:
     """The profile with CLI flags applied, validated like the file itself."""
     data = _as_data(profile)
+    for key, value in (("usd_per_hour", usd_per_hour), ("traffic_rps", traffic_rps)):
+        if value is not None:
+            data.setdefault("cost", {})[key] = value
     if backend is not None:
         data["backend"] = backend
     if device is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
 
 import pandas as pd
@@ -77,6 +78,7 @@ def best_points_table(points: pd.DataFrame, *, per_temperature: int = 5) -> list
     ok = ok.join(results.load_labels(ok))
     under_load = any(order != (0, 1.0) for order in ok["load_order"])
     with_slo = "goodput" in ok and ok["goodput"].notna().any()
+    with_failed = "failed_requests" in ok and ok["failed_requests"].fillna(0).gt(0).any()
     for (temperature, top_p, _, load), group in ok.groupby(["temperature", "top_p", "load_order", "load"], sort=True):
         title = (f"temperature {temperature:g}" + (f", top_p {top_p:g}" if top_p < 1 else "")
                  + (f", {load}" if ok["load"].nunique() > 1 else ""))
@@ -84,7 +86,8 @@ def best_points_table(points: pd.DataFrame, *, per_temperature: int = 5) -> list
         table.add_column("point", no_wrap=True)
         # under load, the tail latencies replace the median TPOT; with SLOs, goodput (requests/s meeting them)
         for column in ("speedup", "95% CI", "tok/s", "accept", "MAL", *(("TTFT p99", "TPOT p99") if under_load
-                       else ("TPOT ms",)), "peak MB", "match", *(("goodput", "SLO met") if with_slo else ())):
+                       else ("TPOT ms",)), "peak MB", "match", *(("goodput", "SLO met") if with_slo else ()),
+                       *(("failed",) if with_failed else ())):
             table.add_column(column, justify="right")
         ranked = group.sort_values("speedup", ascending=False, na_position="last")
         best_id = ranked.iloc[0]["point_id"]
@@ -106,23 +109,76 @@ def best_points_table(points: pd.DataFrame, *, per_temperature: int = 5) -> list
                 fmt(row["peak_memory_mb"], ".0f"),
                 "-" if match is None or match is pd.NA else ("yes" if match else "[bold red]NO[/bold red]"),
                 *((fmt(row.get("goodput"), ".2f"), fmt(row.get("slo_met_fraction"), ".0%")) if with_slo else ()),
+                *((fmt(row.get("failed_requests"), "d"),) if with_failed else ()),
                 style="bold green" if row["point_id"] == best_id and row["method"] != "baseline" else None,
             )
         tables.append(table)
     return tables
 
 
-def print_run_summary(console: Console, points: pd.DataFrame, out_dir: str) -> None:
-    for table in best_points_table(points):
+def print_run_summary(console: Console, points: pd.DataFrame, out_dir: str, *, probes: Collection[str] = ()) -> None:
+    """The best points per level; a capacity search's probes (`probes`, their point ids) are left to its headline."""
+    for table in best_points_table(points[~points["point_id"].isin(list(probes))]):
         console.print(table)
+    if probes:
+        console.print(f"[dim]{len(probes)} points the capacity search measured at the loads it chose are left out of "
+                      "these tables (points.parquet holds them; capacity.json lists every probe)[/dim]")
     failed = points[points["status"] == "failed"]
     for row in failed.to_dict("records"):
         console.print(f"[red]failed[/red] {row['point_id']}: {escape(str(row['error']))}")
+    partly = points[(points["status"] == "ok") & points["failed_requests"].fillna(0).gt(0)] \
+        if "failed_requests" in points else points.iloc[:0]
+    for row in partly.to_dict("records"):  # measured all the same: a failed request counts as missing every SLO
+        console.print(f"[yellow]{row['point_id']}: {row['failed_requests']} of {row['failed_requests'] + row['n_requests']} "
+                      f"requests failed ({escape(str(row['request_errors']))})[/yellow]")
     mismatched = points[points["outputs_match_baseline"].eq(False).fillna(False)]
     for row in mismatched.to_dict("records"):
         console.print(f"[bold red]{escape(mismatch_warning(row))}[/bold red]")
     print_unstable(console, points)
     console.print(f"results: {escape(str(out_dir))}  ({len(points) - len(failed)} ok, {len(failed)} failed)")
+
+
+def capacity_lines(document: dict[str, Any]) -> list[str]:
+    """capacity.json in words, per temperature: each configuration's capacity [bracket], its gain over the
+    baseline's and the cost of a million output tokens at capacity (and the replicas for the traffic)."""
+    slo = ", ".join(f"{name} <= {limit:g}" for name, limit in document["slo"].items())
+    lines = [f"capacity: the highest load at which {document['target_attainment']:.0%} of requests meet {slo} "
+             "[bracket: highest passing probe, lowest failing one]"]
+    entries = document["configurations"]
+    for temperature, top_p in dict.fromkeys((e["temperature"], e["top_p"]) for e in entries):
+        lines.append(f"temperature {temperature:g}" + (f", top_p {top_p:g}" if top_p < 1 else ""))
+        group = [e for e in entries if (e["temperature"], e["top_p"]) == (temperature, top_p)]
+        baselines = {e["axis"]: e for e in group if e["method"] == "baseline"}
+        for entry in group:
+            lines.append("  " + _capacity_line(entry, baselines.get(entry["axis"]), document.get("traffic_rps")))
+    return lines
+
+
+def _capacity_line(entry: dict[str, Any], baseline: dict[str, Any] | None, traffic: float | None) -> str:
+    unit = " requests/s" if entry["axis"] == "request_rate" else ""
+    load = (lambda v: f"{v:g}{unit}") if unit else (lambda v: f"concurrency {v:g}")
+    name = entry["configuration"]
+    if entry["status"] != "found":
+        return f"{name} ({'request rate' if unit else 'concurrency'}): {entry['status']}"
+    text = f"{name} holds the SLO up to {load(entry['capacity'])} [{entry['bracket_low']:g}, {entry['bracket_high']:g}]"
+    usd, gain = entry.get("usd_per_mtok_at_capacity"), entry.get("gain_vs_baseline")
+    if entry["method"] != "baseline" and gain is not None:
+        text += f" against the baseline's {baseline['capacity']:g}: {gain:+.0%}" + (
+            "" if entry.get("gain_beyond_brackets") else " (within the brackets: not measurably different)")
+        before = baseline.get("usd_per_mtok_at_capacity")
+        if usd is not None and before is not None:
+            text += f", ${before:.3g} → ${usd:.3g} per 1M output tokens ({entry['usd_per_mtok_change_vs_baseline']:+.0%})"
+    elif usd is not None:
+        text += f": ${usd:.3g} per 1M output tokens at capacity"
+    if entry.get("replicas_for_traffic") is not None:
+        text += f"; {entry['replicas_for_traffic']} replicas for {traffic:g} requests/s"
+    return text + (f" ({entry['note']})" if entry.get("note") else "")
+
+
+def print_capacity(console: Console, document: dict[str, Any]) -> None:
+    for line in capacity_lines(document):
+        style = "bold" if not line.startswith("  ") else None
+        console.print(escape(line), style=style, highlight=False, soft_wrap=True)
 
 
 def print_unstable(console: Console, points: pd.DataFrame) -> None:

@@ -11,7 +11,7 @@ import hashlib
 import io
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from specbench.workloads import Prompt
 REQUESTS_FILE = "requests.parquet"
 POINTS_FILE = "points.parquet"
 MANIFEST_FILE = "manifest.json"
+CAPACITY_FILE = "capacity.json"  # a capacity search's configurations, probes and decisions
 RESULTS_DIR = Path("results")
 
 
@@ -86,6 +87,14 @@ class PointSpec:
         if values["request_rate"] is None:
             values["concurrency"] = values["concurrency"] or 1
         return cls(**values)
+
+    def at_load(self, *, concurrency: int | None = None, request_rate: float | None = None) -> "PointSpec":
+        """The same configuration at another load level (a request rate, else a concurrency), its id's load
+        suffix replaced."""
+        stem = self.point_id.removesuffix(_load_suffix(self.concurrency, self.request_rate))
+        concurrency = None if request_rate is not None else (concurrency or 1)
+        return replace(self, point_id=stem + _load_suffix(concurrency, request_rate), concurrency=concurrency,
+                       request_rate=request_rate)
 
     def identity(self) -> dict[str, Any]:
         """The point as hashed into its point key (concurrency 1 and no request rate left out: keys from before
@@ -225,6 +234,10 @@ _POINT_COLUMNS = [
     "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p99", "itl_ms_p90", "e2e_ms_p90",
     # added with gamma schedules
     "gamma_schedule",
+    # added with cost: what a million output tokens cost at the point's throughput ([cost] usd_per_hour)
+    "usd_per_mtok",
+    # added with failed requests (kept as rows with an error) and the open-loop client's send lateness
+    "failed_requests", "request_errors", "send_lateness_ms_p99",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -237,7 +250,8 @@ _POINT_DTYPES = {
     "outputs_match_fraction": "float64", "divergence_top2_gap": "float64", "other_cpu_share": "float64",
     "repeat_spread": "float64", "tpot_spread": "float64", "engine_drafts": "float64", "engine_draft_tokens": "float64",
     "engine_accepted_tokens": "float64", "slo": "string", "request_throughput": "float64", "goodput": "float64",
-    "slo_met_fraction": "float64", "gamma_schedule": "string", **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
+    "slo_met_fraction": "float64", "gamma_schedule": "string", "usd_per_mtok": "float64",
+    "failed_requests": "Int64", "request_errors": "string", **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }
 

@@ -12,33 +12,40 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specbench import contention, stats
+from specbench import contention, cost, stats
 from specbench.decoding import first_divergence
 from specbench.results import POINT_COLUMNS, POINT_DTYPES, PointSpec
 
 RATE_TOLERANCE = 0.02  # an open-loop client that sent further than this from the asked rate fell behind
+LATENESS_LIMIT_MS = 5.0  # an open-loop client whose p99 send lateness is above this fell behind its schedule
 NEAR_TIE_GAP = 0.1  # logits: a greedy divergence this close is a near-tie (bf16/fp16 rounding), not a bug
 
 
 def summarize(specs: list[PointSpec], requests: pd.DataFrame, *, failures: dict[str, str],
-              context: dict[str, dict[str, Any]], slo: Mapping[str, float] | None = None) -> pd.DataFrame:
+              context: dict[str, dict[str, Any]], slo: Mapping[str, float] | None = None,
+              usd_per_hour: float | None = None) -> pd.DataFrame:
     """One row per point that has requests or a failure. `context[point_id]` adds constant columns
     (backend, models, weight_mb, point_key, how quiet the machine was, the engine's own counters); `slo`
-    ({"ttft_ms": 500, ...}: a request meets it when each value is at most its limit) gives goodput."""
+    ({"ttft_ms": 500, ...}: a request meets it when each value is at most its limit) gives goodput; the price of
+    a replica-hour, what a million output tokens cost at the point's throughput."""
     rows = []
-    by_point = {point_id: group for point_id, group in requests.groupby("point_id", sort=False)} if len(requests) else {}
+    sent = {point_id: group for point_id, group in requests.groupby("point_id", sort=False)} if len(requests) else {}
+    by_point = {point_id: _measured(group) for point_id, group in sent.items()}  # failed requests apart
     for spec in specs:
         if spec.point_id not in by_point and spec.point_id not in failures:
             continue
         row = {**asdict(spec), **context.get(spec.point_id, {})}
+        if spec.point_id not in failures and not len(by_point[spec.point_id]):
+            failures = {**failures, spec.point_id: f"every request failed ({_errors(sent[spec.point_id])})"}
         if spec.point_id in failures:
             rows.append({**row, "status": "failed", "error": failures[spec.point_id]})
             continue
         point = by_point[spec.point_id]
         baseline = by_point.get(spec.baseline_id)
-        row.update(status="ok", error=None, **_metrics(point, baseline, spec, row), **_load(point, spec, slo or {}),
-                   **_spreads(point, spec))
+        row.update(status="ok", error=None, **_metrics(point, baseline, spec, row),
+                   **_load(point, sent[spec.point_id], spec, slo or {}), **_spreads(point, spec))
         row.update(_stability(row, context.get(spec.baseline_id, {}), baseline, spec))
+        row["usd_per_mtok"] = cost.usd_per_mtok(usd_per_hour, row["tokens_per_s"])
         rows.append(row)
     frame = pd.DataFrame(rows, columns=list(POINT_COLUMNS))
     return frame.astype(POINT_DTYPES)
@@ -104,12 +111,28 @@ def _metrics(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec
     return metrics
 
 
+def _measured(point: pd.DataFrame) -> pd.DataFrame:
+    """The requests that were measured: not those that failed (a row with an `error`; files from before have none)."""
+    return point[point["error"].isna()] if "error" in point else point
+
+
+def _errors(sent: pd.DataFrame, *, kinds: int = 3) -> str | None:
+    """The failed requests' errors, grouped, the most frequent first: "3 x timed out after 124 s; 1 x HTTP 503"."""
+    if "error" not in sent or not sent["error"].notna().any():
+        return None
+    counted = sent["error"].dropna().value_counts()
+    text = "; ".join(f"{n} x {error}" for error, n in counted.head(kinds).items())
+    return text + (f"; and {len(counted) - kinds} other errors" if len(counted) > kinds else "")
+
+
 def _wall_s(point: pd.DataFrame, spec: PointSpec) -> float:
     """The point's measured time: one request at a time, the requests' own times added up; under load (more
-    than one in flight, or arrivals at a rate) the wall time from the first send to the last finish."""
+    than one in flight) the wall time from the first send to the last finish; at a request rate from the schedule's
+    start (its first arrival comes one gap after it) to the last finish, as vLLM's benchmark client times its run."""
     under_load = spec.open_loop or (spec.concurrency or 1) > 1
     if under_load and "start_ms" in point and point["start_ms"].notna().all():
-        return float(((point["start_ms"] + point["e2e_ms"]).max() - point["start_ms"].min()) / 1e3)
+        start = 0.0 if spec.open_loop else point["start_ms"].min()
+        return float(((point["start_ms"] + point["e2e_ms"]).max() - start) / 1e3)
     return float(point["e2e_ms"].sum() / 1e3)
 
 
@@ -119,23 +142,38 @@ def _throughput(point: pd.DataFrame, spec: PointSpec) -> float:
     return float(point["output_tokens"].sum() / wall_s) if wall_s > 0 else float("nan")
 
 
-def _load(point: pd.DataFrame, spec: PointSpec, slo: Mapping[str, float]) -> dict[str, Any]:
+def _load(point: pd.DataFrame, sent: pd.DataFrame, spec: PointSpec, slo: Mapping[str, float]) -> dict[str, Any]:
     """Requests per second over the measured time; goodput (requests per second that met every SLO) and the
-    fraction that did, where SLOs are given; at a request rate, the rate the client actually sent at."""
+    fraction that did, where SLOs are given — a failed request (in `sent`, not in `point`) met none; at a request
+    rate, the rate the client actually sent at and how late it sent (p99)."""
     wall_s = _wall_s(point, spec)
+    failed = len(sent) - len(point)
     out: dict[str, Any] = {"request_throughput": len(point) / wall_s if wall_s > 0 else None, "goodput": None,
                            "slo_met_fraction": None, "achieved_request_rate": None,
-                           "slo": ", ".join(f"{name} <= {limit:g}" for name, limit in slo.items()) or None}
+                           "slo": ", ".join(f"{name} <= {limit:g}" for name, limit in slo.items()) or None,
+                           "failed_requests": failed, "request_errors": _errors(sent), "send_lateness_ms_p99": None}
     if slo:
         met = np.ones(len(point), dtype=bool)
         for name, limit in slo.items():  # a request without the figure (one output token: no TPOT) meets it
             met &= ~(point[name].to_numpy(float) > limit)
-        out.update(slo_met_fraction=float(met.mean()) if len(point) else None,
+        out.update(slo_met_fraction=float(met.sum() / len(sent)) if len(sent) else None,
                    goodput=float(met.sum() / wall_s) if wall_s > 0 else None)
-    if spec.open_loop and len(point) > 1 and point["start_ms"].notna().all():
-        span_s = (point["start_ms"].max() - point["start_ms"].min()) / 1e3
-        out["achieved_request_rate"] = (len(point) - 1) / span_s if span_s > 0 else None
+    if spec.open_loop and len(sent) > 1 and sent["start_ms"].notna().all():
+        out["achieved_request_rate"] = _sent_rate(sent, spec.request_rate)
+        if "send_lateness_ms" in sent and sent["send_lateness_ms"].notna().any():
+            out["send_lateness_ms_p99"] = stats.percentile(sent["send_lateness_ms"].dropna(), 99)
     return out
+
+
+def _sent_rate(sent: pd.DataFrame, request_rate: float) -> float | None:
+    """The rate the requests were sent at: the asked rate times how much longer the actual sends took to reach the
+    last than the schedule (which spans count / rate from its start, as vLLM's client schedules; files from before
+    scheduled the first request at the start, and spanned (count - 1) / rate)."""
+    last_ms = sent["start_ms"].max()
+    if "scheduled_ms" in sent and sent["scheduled_ms"].notna().all() and last_ms > 0:
+        return float(request_rate * sent["scheduled_ms"].max() / last_ms)
+    span_s = (last_ms - sent["start_ms"].min()) / 1e3
+    return (len(sent) - 1) / span_s if span_s > 0 else None
 
 
 def _engine_acceptance(row: dict[str, Any], spec: PointSpec) -> dict[str, Any]:
@@ -223,6 +261,10 @@ def _stability(row: dict[str, Any], baseline_context: dict[str, Any], baseline: 
     if spec.open_loop and achieved is not None and abs(achieved / spec.request_rate - 1) > RATE_TOLERANCE:
         reasons.append(f"the client sent {achieved:.3g} requests/s, not the {spec.request_rate:g} asked for: "
                        "the client, not the server, was the bottleneck")
+    lateness = row.get("send_lateness_ms_p99")
+    if spec.open_loop and lateness is not None and lateness > LATENESS_LIMIT_MS:
+        reasons.append(f"the client sent requests late of their arrival times (p99 {lateness:.3g} ms, limit "
+                       f"{LATENESS_LIMIT_MS:g} ms): the client, not the server, shaped the load")
     if spec.method != "baseline" and baseline is not None:
         baseline_spreads = _spreads(baseline, spec)
         reasons += [f"baseline: {r}" for r in contention.unstable_reasons(

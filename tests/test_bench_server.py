@@ -49,18 +49,22 @@ def test_latency_growth_is_0_while_the_server_keeps_up_and_r_over_c_minus_1_when
 def test_specbench_levels_take_the_sent_rate_and_the_throughput_from_the_point_summary():
     spec = PointSpec.baseline(0.0, 1.0, request_rate=2.0)
     arrivals = arrival_times(9, request_rate=2.0, burstiness=1.0, seed=0)
-    starts = [t * 1e3 + 3.0 for t in arrivals]  # each sent 3 ms after its arrival time
-    on_time = specbench_level(spec, rate_rows(spec, ttft=[50.0] * 9, tpot=[10.0] * 9, starts=starts),
-                              measurements={})
+    starts = [t * 1e3 for t in arrivals]  # each sent at its arrival time
+
+    def rows(sent: list[float]) -> list[dict]:
+        return [{**row, "scheduled_ms": at * 1e3} for row, at in
+                zip(rate_rows(spec, ttft=[50.0] * 9, tpot=[10.0] * 9, starts=sent), arrivals)]
+
+    on_time = specbench_level(spec, rows(starts), measurements={})
     assert on_time.achieved_rate == pytest.approx(2.0)
-    assert on_time.request_throughput == pytest.approx(9 / (arrivals[-1] + 0.4))  # to the last finish (e2e 400 ms)
+    # as vLLM's client: from the schedule's start (the first arrival is one gap after it) to the last finish (e2e 400 ms)
+    assert on_time.request_throughput == pytest.approx(9 / (arrivals[-1] + 0.4))
     assert on_time.latency_growth == pytest.approx(0.0, abs=1e-9)
     assert (on_time.client, on_time.asked_rate, on_time.verdict) == ("specbench", 2.0, "ok")
     stretched = [s * 1.03 for s in starts]  # a client falling behind: each gap 3 % long
-    late = specbench_level(spec, rate_rows(spec, ttft=[50.0] * 9, tpot=[10.0] * 9, starts=stretched),
-                           measurements={})
+    late = specbench_level(spec, rows(stretched), measurements={})
     assert late.achieved_rate == pytest.approx(2.0 / 1.03) and late.verdict == "client is the bottleneck"
-    queued = rate_rows(spec, ttft=[50.0] * 9, tpot=[10.0] * 9, starts=stretched)
+    queued = rows(stretched)
     for row in queued:  # a server completing 0.8 requests/s of 2 / 1.03: the latency grows 1.43 s per s
         row["e2e_ms"] = 400.0 + row["start_ms"] * (2.0 / 1.03 / 0.8 - 1)
     saturated = specbench_level(spec, queued, measurements={})

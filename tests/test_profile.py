@@ -74,6 +74,7 @@ def test_the_shipped_profiles_and_the_default_is_one_of_them():
         "qwen-coder-cpu.toml",
         "qwen2.5-gpu.toml",
         "sharegpt-cpu.toml",
+        "vllm-cpu-capacity.toml",
         "vllm-cpu-load.toml",
         "vllm-cpu-sharegpt.toml",
         "vllm-cpu.toml",
@@ -206,7 +207,7 @@ def test_profiles_are_frozen():
 
 MODELS = ", ".join(BUILTIN_MODELS)
 SETS = ", ".join(BUILTIN_SETS)
-PROFILE_KEYS = "name, backend, server, device, dtype, target, drafts, sweep, workload, run, load, slo"
+PROFILE_KEYS = "name, backend, server, device, dtype, target, drafts, sweep, workload, run, load, slo, capacity, cost"
 DRAFT_KEYS = "name, method, model, quantize, ngram_min, ngram_max, gamma_schedule"
 
 BAD_VALUES = [

@@ -131,7 +131,7 @@ def bench_profile(python: Path, dataset: Path, *, max_new_tokens: int, concurren
                        "extra_args": VLLM_ARGS, "env": VLLM_ENV},
             "target": {"model": MODEL},
             "sweep": {"gamma": [1], "temperature": [0.0], "concurrency": concurrency or [1],
-                      "request_rate": request_rates},
+                      **({"request_rate": request_rates} if request_rates else {})},
             "workload": {"prompts": str(dataset), "max_new_tokens": max_new_tokens},
             "load": {"requests": requests}, "run": {"repeats": 1, "warmup": 1, "seed": 0}}
 
@@ -148,9 +148,11 @@ def specbench_side(session, concurrency: int) -> Side:
 
 
 def custom_dataset(dataset: Path, max_new_tokens: int) -> list[str]:
-    """`vllm bench serve`'s options for a JSONL file of prompts sent as they are, each for `max_new_tokens`."""
+    """`vllm bench serve`'s options for a JSONL file of prompts sent as they are, in the file's order (its custom
+    dataset shuffles by default: with several in flight, which prompts queue behind which changes the mean TTFT),
+    each for `max_new_tokens`."""
     return ["--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
-            "--custom-output-len", str(max_new_tokens)]
+            "--custom-output-len", str(max_new_tokens), "--disable-shuffle"]
 
 
 def vllm_bench(python: Path, url: str, dataset: Sequence[str], tokenizer: str, *, load: list[str],
@@ -200,7 +202,7 @@ def latency_growth(send_s: Sequence[float], latency_s: Sequence[float]) -> float
 
 def specbench_level(spec: PointSpec, rows: list[dict], *, measurements: dict) -> RateLevel:
     """specbench's client at a rate, from its request rows: the sent rate and throughput as `specbench run`
-    summarises the point ((n - 1) / the span of send times: its schedule spans exactly (n - 1) / rate)."""
+    summarises the point (its schedule, as vLLM's, sends the last of n requests n / rate after its start)."""
     point = summarize([spec], pd.DataFrame(rows), failures={}, context={spec.point_id: measurements}).iloc[0]
     growth = latency_growth([r["start_ms"] / 1e3 for r in rows], [r["e2e_ms"] / 1e3 for r in rows])
     return RateLevel("specbench", spec.request_rate, float(point["achieved_request_rate"]),
@@ -278,8 +280,8 @@ def render_rates(levels: list[RateLevel], *, requests: int, max_new_tokens: int)
     for name in ("rate asked", "client", "sent req/s", "deviation", f"within {RATE_TOLERANCE:.0%}",
                  "completed req/s", "latency growth s/s", "server kept up", "verdict"):
         table.add_column(name, justify="left" if name in ("client", "verdict") else "right")
-    table.caption = ("sent: specbench (n - 1) / span of its send times, vLLM n / (last send - its start), as each "
-                     "schedules; completed: requests / the run's time to the last finish; latency growth: slope of "
+    table.caption = ("sent: n / (last send - the run's start), both clients schedule the last of n requests at n / "
+                     "rate; completed: requests / the run's time to the last finish; latency growth: slope of "
                      f"e2e latency against send time, the server kept up at <= {LATENCY_GROWTH_LIMIT:g}")
     for level in levels:
         table.add_row(*rate_cells(level))

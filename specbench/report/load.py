@@ -120,6 +120,8 @@ def _read_run(folder: Path) -> Run | Skipped:
     requests = _read_parquet(requests_path, REQUEST_COLUMNS_USED)
     if isinstance(requests, str):
         return Skipped(folder, requests)
+    if "error" in requests:  # a failed request (kept as a row with its error) has no output lengths or times
+        requests = requests[requests["error"].isna()].reset_index(drop=True)
     manifest = _read_manifest(folder / results.MANIFEST_FILE)
     if isinstance(manifest, str):
         return Skipped(folder, manifest)

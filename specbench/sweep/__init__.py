@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specbench.profile import Profile
+from specbench.profile import Profile, ProfileError
 from specbench.results import default_out_dir
 from specbench.sweep.files import ResumeError, RunFiles
 from specbench.sweep.loop import PointRun, RunResult, SilentObserver, SweepObserver, evaluate_point, run_sweep
@@ -16,6 +16,9 @@ def run_profile(profile: Profile, *, out: Path | None = None, fresh: bool = Fals
     """Run (or resume) `profile` into `out` (default results/<profile name>): in this process, or, with a
     storage, a study name or several workers, as a grid shared through an Optuna study."""
     out_dir = out if out is not None else default_out_dir(profile.name)
+    if profile.capacity is not None and not (storage is None and study is None and workers == 1):
+        raise ProfileError(f"{profile.source or 'profile'}: capacity: a capacity search decides each probe from the "
+                           "last, in one process: drop --workers, --storage and --study")
     if storage is None and study is None and workers == 1:
         return run_sweep(profile, out_dir=out_dir, fresh=fresh, observer=observer)
     from specbench.sweep.grid import run_grid  # Optuna is only imported for a shared sweep

@@ -65,7 +65,8 @@ class RunFiles:
             requests, context, earlier = _resume(self.out_dir, ctx.run_key, keys, fresh=fresh)
             if not len(requests):
                 (self.out_dir / results.REQUESTS_FILE).unlink(missing_ok=True)
-            _write(self.out_dir, planned + earlier, requests, {}, context, slo=ctx.profile.slo.limits())
+            _write(self.out_dir, planned + earlier, requests, {}, context, slo=ctx.profile.slo.limits(),
+                   usd_per_hour=ctx.profile.cost.usd_per_hour)
             started = _previous_start(self.manifest_path, fresh)
             results.write_json_atomic(manifest(ctx, started=started), self.manifest_path)
         return earlier
@@ -101,7 +102,7 @@ class RunFiles:
             ordered = [s for s in order if s.point_id in {x.point_id for x in specs}]
             specs = ordered + [s for s in specs if s.point_id not in {x.point_id for x in ordered}]
             return _write(self.out_dir, specs, requests.reset_index(drop=True), failures, context,
-                          slo=ctx.profile.slo.limits())
+                          slo=ctx.profile.slo.limits(), usd_per_hour=ctx.profile.cost.usd_per_hour)
 
     def finish(self, points: pd.DataFrame, ctx: RunContext | None = None) -> dict[str, Any]:
         """Mark the manifest finished (with what a server backend launched meanwhile); returns it."""
@@ -171,11 +172,13 @@ def _resume(out_dir: Path, run_key: str, keys: dict[str, str], *, fresh: bool):
 
 
 def _write(out_dir: Path, specs: list[PointSpec], requests: pd.DataFrame, failures: dict[str, str],
-           context: dict[str, dict[str, Any]], *, slo: dict[str, float]) -> pd.DataFrame:
+           context: dict[str, dict[str, Any]], *, slo: dict[str, float],
+           usd_per_hour: float | None = None) -> pd.DataFrame:
     """requests first, then points: a point counts as done only once both hold it."""
     if len(requests):
         results.write_parquet_atomic(requests, out_dir / results.REQUESTS_FILE)
-    points = summary.summarize(specs, requests, failures=failures, context=context, slo=slo)
+    points = summary.summarize(specs, requests, failures=failures, context=context, slo=slo,
+                               usd_per_hour=usd_per_hour)
     results.write_parquet_atomic(points, out_dir / results.POINTS_FILE)
     return points
 

@@ -15,6 +15,7 @@ from specbench.contention import ConditionsProbe
 from specbench.errors import one_line
 from specbench.profile import Profile
 from specbench.results import PointSpec
+from specbench.sweep.capacity import CapacitySearch, by_launch
 from specbench.sweep.context import RunContext, open_run
 from specbench.sweep.files import RunFiles
 from specbench.sweep.plan import plan_points
@@ -46,10 +47,17 @@ class RunResult:
     requests: pd.DataFrame
     manifest: dict[str, Any]
     ran: list[str] = field(default_factory=list)  # point ids run by this call (the others were resumed)
+    capacity: dict[str, Any] | None = None  # capacity.json, where the profile asks for a capacity search
+    capacity_probes: list[str] = field(default_factory=list)  # the points it added to the sweep's
 
     @property
     def failed(self) -> int:
         return int((self.points["status"] == "failed").sum()) if len(self.points) else 0
+
+    @property
+    def capacity_not_found(self) -> int:
+        """Capacity searches that found no capacity (not bracketed, or failed)."""
+        return sum(entry["status"] != "found" for entry in (self.capacity or {}).get("configurations", []))
 
 
 def planned_points(ctx: RunContext) -> list[PointSpec]:
@@ -69,18 +77,24 @@ def run_sweep(profile: Profile, *, out_dir: Path, fresh: bool = False, observer:
         observer.sweep_started(specs, to_run)
 
         ran: list[str] = []
-        for spec in to_run:
-            observer.point_started(spec, n_requests(ctx, spec))
-            points = files.record(spec, ctx, evaluate_point(spec, ctx, observer=observer), order=planned)
-            ran.append(spec.point_id)
-            observer.point_finished(spec, points[points["point_id"] == spec.point_id].iloc[0].to_dict())
+        capacity = (CapacitySearch(ctx, files, observer, order=planned, evaluate=evaluate_point)
+                    if profile.capacity is not None else None)
+        for launch in by_launch(planned, ctx.backend.launch_key):  # a capacity search while the launch is up
+            for spec in (spec for spec in launch if spec in to_run):
+                observer.point_started(spec, n_requests(ctx, spec))
+                points = files.record(spec, ctx, evaluate_point(spec, ctx, observer=observer), order=planned)
+                ran.append(spec.point_id)
+                observer.point_finished(spec, points[points["point_id"] == spec.point_id].iloc[0].to_dict())
+            if capacity is not None:
+                capacity.search(launch)
 
         points = files.record(None, ctx, order=planned)
+        found = capacity.finish() if capacity is not None else None
         manifest = files.finish(points, ctx)
     finally:
         ctx.session.close()
     _, requests = files.read()
-    return RunResult(out_dir, points, requests, manifest, ran)
+    return RunResult(out_dir, points, requests, manifest, ran, found, capacity.probe_points if capacity else [])
 
 
 def n_requests(ctx: RunContext, spec: PointSpec | None = None) -> int:

@@ -20,6 +20,8 @@ from specbench.tune.load import recommend as load_recommend
 from specbench.tune.recommend import (
     choose, engine_settings, hub_reference, llama_cpp_binary, read_help, speculation_of,
 )
+from specbench.tune.capacity import BASELINE_ATTR as CAPACITY_BASELINE
+from specbench.tune.capacity import capacity_recommendation
 from specbench.tune.space import SearchSpace
 
 _TRIAL_COLUMNS = [
@@ -57,7 +59,7 @@ def trial_rows(study: optuna.Study, *, space: SearchSpace, temperature: float, t
             "duplicate_of": attrs.get("duplicate_of"), "trial_error": attrs.get("error"), "worker": attrs.get("worker"),
             # several load levels: the objective at each (the value is their mix); `levels` is each level's figures
             "level_values": [level["value"] for level in attrs["levels"]] if attrs.get("levels") else None,
-            "levels": attrs.get("levels"),
+            "levels": attrs.get("levels"), "capacity": attrs.get("capacity"),  # --objective capacity: the search
             "datetime_start": trial.datetime_start, "datetime_complete": trial.datetime_complete,
         }
         for column in results.POINT_COLUMNS:
@@ -87,7 +89,8 @@ def write(plan: Plan, studies: dict[str, optuna.Study]) -> TuneResult:
         rows = trial_rows(study, space=plan.space, temperature=group.temperature, top_p=group.top_p)
         all_rows += rows
         choices.append(_recommendation(plan, group, rows, engines=engines,
-                                       baselines=study.user_attrs.get("load_baselines")))
+                                       baselines=study.user_attrs.get("load_baselines"),
+                                       capacity_baseline=study.user_attrs.get(CAPACITY_BASELINE)))
     recommendation = {
         "objective": {"name": plan.settings.objective.name, "columns": list(plan.settings.objective.columns),
                       "directions": list(plan.settings.objective.directions)},
@@ -113,7 +116,8 @@ def write(plan: Plan, studies: dict[str, optuna.Study]) -> TuneResult:
 
 
 def _recommendation(plan: Plan, group, rows: list[dict[str, Any]], *, engines: dict[str, Any],
-                    baselines: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                    baselines: list[dict[str, Any]] | None = None,
+                    capacity_baseline: dict[str, Any] | None = None) -> dict[str, Any]:
     objective = plan.settings.objective
     finished = [r for r in rows if r["state"] in ("COMPLETE", "PRUNED")]
     evaluated = {r["point_id"] for r in rows if r["evaluated"]}
@@ -123,7 +127,9 @@ def _recommendation(plan: Plan, group, rows: list[dict[str, Any]], *, engines: d
         return _load_recommendation(plan, group, rows, chosen, engines=engines, baselines=baselines or [],
                                     counts={"trials": len(finished), "evaluations": len(evaluated),
                                             "space_exhausted": len(held) >= len(plan.space.configs())})
-    speculate = chosen is not None and _measurably_faster(chosen)
+    capacity = capacity_recommendation(chosen, capacity_baseline, usd_per_hour=plan.profile.cost.usd_per_hour,
+                                       traffic_rps=plan.profile.cost.traffic_rps)
+    speculate = chosen is not None and (capacity["measurably_higher"] if capacity else _measurably_faster(chosen))
     entry: dict[str, Any] = {
         "temperature": group.temperature, "top_p": group.top_p, "study": group.study,
         "trials": len(finished), "evaluations": len(evaluated),
@@ -146,9 +152,13 @@ def _recommendation(plan: Plan, group, rows: list[dict[str, Any]], *, engines: d
         "acceptance_rate": chosen["acceptance_rate"], "mean_accepted_length": chosen["mean_accepted_length"],
         "peak_memory_mb": chosen["peak_memory_mb"], "tpot_ms_p50": chosen["tpot_ms_p50"],
         "reason": ("the best objective, or the smallest gamma within the noise of the best" if speculate else
+                   f"the best configuration ({chosen['point_id']}) does not hold the SLO at measurably more requests/s "
+                   f"than the baseline ({capacity['bracket']} against {capacity['baseline_bracket']})" if capacity else
                    f"the best configuration ({chosen['point_id']}) is not measurably faster than the baseline "
                    f"(speedup {_ratio(chosen['speedup'])}, 95% CI {_ratio(chosen['speedup_ci_low'])}-"
                    f"{_ratio(chosen['speedup_ci_high'])})"),
+        "usd_per_mtok": chosen.get("usd_per_mtok"),
+        **({"capacity": capacity} if capacity else {}),
     })
     if front:
         entry["pareto_front"] = [{k: r[k] for k in ("number", "point_id", "gamma", "tokens_per_s", "peak_memory_mb",

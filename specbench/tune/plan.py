@@ -115,6 +115,12 @@ def make_plan(profile: Profile | None, *, out_dir: Path, settings: TuneSettings,
     if settings.objective.name == "goodput" and not profile.slo.limits():
         raise TuneError(f"--objective goodput: {where} has no [slo] table: goodput counts the requests that meet "
                         "every SLO (add e.g. [slo] ttft_ms = 2000, tpot_ms = 150)")
+    if settings.objective.name == "capacity":  # a trial searches its own load levels
+        levels = (LoadLevel(1, None, 1.0),)
+    if settings.objective.name == "capacity" and (profile.capacity is None or replay is not None):
+        raise TuneError(f"--objective capacity: {where} has no [capacity] table: a trial is one capacity search (add "
+                        "[capacity], with an [slo])" if replay is None else
+                        "--objective capacity: capacity searches run on the engine; --replay cannot answer them")
     if len(levels) > 1 and settings.objective.is_pareto:
         raise TuneError("--objective pareto: with several load levels, tune one objective over the load mix "
                         "(tokens_per_s, speedup, goodput or a latency percentile)")

@@ -51,6 +51,8 @@ def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
             for r in choice.get("pareto_front", []):
                 lines.append(f"  front: {r['point_id']}  {fmt(r['tokens_per_s'], '.1f')} tok/s, "
                              f"{fmt(r['peak_memory_mb'], '.0f')} MB")
+        if choice.get("capacity") is not None:
+            lines.append("  " + escape(_capacity_text(choice["capacity"])))
         exhausted = " (every configuration evaluated)" if choice.get("space_exhausted") else ""
         lines.append(f"  {choice['evaluations']} evaluations, {choice['trials']} trials of "
                      f"{recommendation['space_size']} configurations{exhausted}")
@@ -129,6 +131,22 @@ def _prediction(choice: dict[str, Any]) -> str:
     if choice.get("predicted_speedup") is not None:
         return f", predicted {fmt(choice['predicted_speedup'])}x"
     return ""
+
+
+def _capacity_text(capacity: dict[str, Any]) -> str:
+    """--objective capacity: the chosen configuration's capacity and cost beside the baseline's."""
+    bracket, base = capacity["bracket"], capacity["baseline_bracket"]
+    text = (f"capacity {fmt(capacity['capacity_rps'], 'g')} requests/s [{fmt(bracket[0], 'g')}, {fmt(bracket[1], 'g')}]"
+            f" against the baseline's {fmt(capacity['baseline_capacity_rps'], 'g')} [{fmt(base[0], 'g')}, "
+            f"{fmt(base[1], 'g')}]" + (f": {capacity['gain_vs_baseline']:+.0%}" if capacity["gain_vs_baseline"]
+                                       is not None else f" ({capacity['status']})"))
+    if capacity["usd_per_mtok_at_capacity"] is not None and capacity["baseline_usd_per_mtok_at_capacity"] is not None:
+        text += (f"; ${capacity['baseline_usd_per_mtok_at_capacity']:.3g} → ${capacity['usd_per_mtok_at_capacity']:.3g}"
+                 " per 1M output tokens")
+    if capacity["replicas_for_traffic"] is not None:
+        text += (f"; {capacity['replicas_for_traffic']} replicas for {capacity['traffic_rps']:g} requests/s (baseline "
+                 f"{capacity['baseline_replicas_for_traffic']})")
+    return text
 
 
 def _text(value: Any) -> str:

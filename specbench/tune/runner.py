@@ -31,6 +31,7 @@ from specbench.scaleout.liveness import (
 from specbench.scaleout.storage import open_storage, open_study, quiet_optuna
 from specbench.scaleout.workers import run_workers
 from specbench.tune import outputs
+from specbench.tune.capacity import capacity_search, run_capacity_trial, search_baseline
 from specbench.tune.evaluate import Evaluator, Live, Pruned, Replay
 from specbench.tune.load import IDENTITY_COLUMNS, level_entry, mix_value
 from specbench.tune.measure import NotMeasured, measure
@@ -78,6 +79,7 @@ def work(plan: Plan, *, worker_index: int, observer: TuneObserver) -> None:
     worker = new_worker_id()
     evaluator = _evaluator(plan, observer)
     storage = open_storage(plan.storage_url)
+    capacity = capacity_search(evaluator, observer) if plan.settings.objective.name == "capacity" else None
     try:
         for group in plan.groups:
             sampler = _sampler(plan, worker_index)
@@ -85,8 +87,10 @@ def work(plan: Plan, *, worker_index: int, observer: TuneObserver) -> None:
                                directions=list(plan.settings.objective.directions), sampler=sampler, pruner=_pruner(plan))
             fail_stale_trials(study, storage, worker=worker)
             baselines = _baselines(study, group, plan=plan, evaluator=evaluator)
+            if capacity is not None:
+                search_baseline(study, baselines[0][0].at_load(concurrency=1), capacity)
             _search(study, storage, group, plan=plan, sampler=sampler, evaluator=evaluator, worker=worker,
-                    baselines=baselines, observer=observer)
+                    baselines=baselines, observer=observer, capacity=capacity)
     finally:
         evaluator.close()
 
@@ -143,7 +147,7 @@ def _pruner(plan: Plan) -> optuna.pruners.BasePruner:
 
 
 def _search(study: optuna.Study, storage: BaseStorage, group: Group, *, plan: Plan, sampler: QueueFirst,
-            evaluator: Evaluator, worker: str, baselines: list[tuple], observer: TuneObserver) -> None:
+            evaluator: Evaluator, worker: str, baselines: list[tuple], observer: TuneObserver, capacity=None) -> None:
     """Ask for trials until the budget is claimed, or every configuration is held, and no other worker's trial
     is left running (one whose worker died gives its point back, and the budget, to this worker)."""
     size = len(plan.space.configs())
@@ -178,7 +182,9 @@ def _search(study: optuna.Study, storage: BaseStorage, group: Group, *, plan: Pl
             release(study, storage, trial)
             raise
         with Heartbeat(study, storage, trial):
-            if len(plan.levels) > 1:
+            if capacity is not None:  # a capacity search, its launch reused across the probes
+                row = run_capacity_trial(study, trial, spec, search=capacity, constraints=plan.settings.constraints)
+            elif len(plan.levels) > 1:
                 row = _run_levels(study, trial, config=config, group=group, plan=plan, evaluator=evaluator,
                                   baselines=baselines)
             else:

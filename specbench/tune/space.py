@@ -46,6 +46,7 @@ OBJECTIVES = {
     "ttft_ms_p99": Objective("ttft_ms_p99", ("ttft_ms_p99",), ("minimize",)),
     "tpot_ms_p99": Objective("tpot_ms_p99", ("tpot_ms_p99",), ("minimize",)),
     "goodput": Objective("goodput", ("goodput",), ("maximize",)),  # requests/s meeting every SLO of [slo]
+    "capacity": Objective("capacity", ("capacity_rps",), ("maximize",)),  # a capacity search per trial ([capacity])
     "pareto": Objective("pareto", ("tokens_per_s", "peak_memory_mb"), ("maximize", "minimize")),
 }
 

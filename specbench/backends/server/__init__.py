@@ -4,21 +4,20 @@ attaches to one already running — and measures it over HTTP at the profile's c
 A launch fixes method, draft and gamma; temperature, top_p and concurrency are per request, so one launch
 serves all their points (the run orders points by `launch_key`). The baseline is the same engine launched
 without speculation. Acceptance comes from the engine (its /metrics counters, else per-response counts),
-and the point says which."""
+and the point says which. A point that fails because the engine exited, hung or outlived the point's deadline kills
+the engine; the next point launches it again."""
 
 from __future__ import annotations
 
+import asyncio
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from specbench.backends.base import AfterPrompt, Observer, OnRequest
-from specbench.backends.server import client
+from specbench.backends.server import checks, client, watch
 from specbench.backends.server.measure import measure_point
-from specbench.backends.server.process import HOST, ServerFailed, ServerProcess, free_port
+from specbench.backends.server.process import HOST, ServerFailed, ServerProcess, end_leftovers, free_port
 from specbench.engines import ENGINES, EngineError, ServingEngine, Speculation, parse_schedule
 from specbench.models import hf_folder, load_tokenizer, resolve_model
 from specbench.profile import Profile, ProfileError
@@ -43,17 +42,19 @@ class ServerSession:
         self.settings = profile.server
         self.attached = self.settings.url is not None
         self.engine: ServingEngine | None = ENGINES.get(self.settings.engine)
-        self.api_key = _api_key(profile)
+        self.api_key = checks.api_key(profile)
         where = f"{profile.source}: " if profile.source else ""
         if self.attached and profile.drafts:
             raise ProfileError(f"{where}drafts: with server.url nothing is launched, so drafts cannot be swept "
                                "(remove the [[drafts]] tables, or drop url to let specbench launch the engine)")
         if not self.attached:
             self._check_methods(where)
-            self.binary = _find_binary(self.engine, self.settings, where)
-            self.help_text = _help_text(self.binary, self.engine, self.settings)
+            checks.check_command(self.settings.command, where)
+            checks.check_extra_args(self.settings.extra_args, where)
+            self.binary = checks.find_binary(self.engine, self.settings, where)
+            self.help_text = checks.help_text(self.binary, self.engine, self.settings)
             self.python_version = None if self.engine.loads_gguf or self.settings.command is not None else \
-                _installed_version(self.binary, self.engine, where)
+                checks.installed_version(self.binary, self.engine, where)
         self.url = self.settings.url.rstrip("/") if self.attached else None
         self.model_name = self.settings.model
         self._last: dict[str, Any] = {}
@@ -66,6 +67,10 @@ class ServerSession:
         observer.message(f"loading the tokenizer of {profile.target.model}")
         self.tokenizer, self.target_identity = load_tokenizer(profile.target.model)
         self.workload = build_workload(profile.workload, self.tokenizer, seed=profile.run.seed, where=where)
+        checks.check_context(profile, self.workload, engine=self.settings.engine,
+                             extra_args=() if self.attached else self.settings.extra_args, where=where)
+        # kept-alive connections where the engine keeps them: llama-server closes each after its streamed response
+        self.keep_alive = self.settings.engine != "llama.cpp"
         self.prompts = self.workload.prompts
         self.prompt_tokens = self.workload.prompt_tokens
         self.log_dir: Path | None = None  # set by the run: server logs go to its output folder
@@ -73,6 +78,15 @@ class ServerSession:
         self._launched: tuple | None = None
         self._failed_launches: dict[tuple, str] = {}  # launch key -> where its failure is logged
         self.launches: list[dict[str, Any]] = []  # argv and log file of every launch, for the manifest
+        self.leftovers: list[dict[str, Any]] = []  # engines an earlier run of the folder left running, ended
+
+    def end_leftovers(self) -> None:
+        """End (and say so) the engines an earlier run of this folder launched and left running."""
+        for leftover in end_leftovers((self.log_dir or Path(".")) / "server-logs"):
+            self.leftovers.append(leftover)
+            self.observer.message(f"ended {Path(leftover['argv'][0]).name if leftover['argv'] else 'an engine'} "
+                                  f"(process group {leftover['pid']}), left running by an earlier run of this folder "
+                                  f"(pid {leftover['launched_by_pid']}; log {leftover['log']})")
 
     # --- identity -----------------------------------------------------------------------------
 
@@ -91,6 +105,17 @@ class ServerSession:
     def own_pids(self) -> list[int]:
         return [os.getpid(), *(self.server.descendants() if self.server is not None and self.server.alive() else [])]
 
+    def request_timeout_s(self, budget: int) -> float:
+        return watch.request_timeout_s(self.settings.request_timeout_s, budget)
+
+    def limits(self, spec: PointSpec, requests: list[client.Request]) -> client.Limits:
+        """The deadlines of a point starting now, and what tells that its engine exited or hung."""
+        timeout = watch.point_timeout_s(self.settings.point_timeout_s, timeouts=[r.timeout_s for r in requests],
+                                        concurrency=spec.concurrency, request_rate=spec.request_rate,
+                                        warmup=self.profile.run.warmup * (spec.concurrency or 1))
+        return watch.limits(url=self.server.url if self.server is not None else self.url, server=self.server,
+                            point_timeout=timeout)
+
     def verify_costs(self, max_tokens: int) -> tuple[float, ...]:
         return ()  # a server's forward pass cannot be timed from outside
 
@@ -101,9 +126,20 @@ class ServerSession:
         url = self._serve(spec)
         if self.model_name is None:
             self.model_name = _first_model(url, self.api_key)
-        rows, self._last = measure_point(self, spec, url=url, point_key=point_key, on_request=on_request,
-                                         after_prompt=after_prompt)
+        try:
+            rows, self._last = measure_point(self, spec, url=url, point_key=point_key, on_request=on_request,
+                                             after_prompt=after_prompt)
+        except Exception as error:
+            if self.server is not None and (getattr(error, "engine_unusable", False) or not self._healthy()):
+                self.observer.message(f"killing {self.settings.engine}: {error}")
+                self._stop(grace_s=0.0)  # the next point launches it again
+            raise
         return rows
+
+    def _healthy(self) -> bool:
+        """Whether the launched engine runs, is not stopped and answers /health."""
+        return (self.server.alive() and not self.server.progress()[0]
+                and asyncio.run(client.answers(f"{self.server.url}/health", timeout_s=watch.HEALTH_TIMEOUT_S)))
 
     def point_measurements(self) -> dict[str, Any]:
         """Point-level figures of the last run_point: the engine's acceptance counters and their source,
@@ -175,9 +211,9 @@ class ServerSession:
             return (self.help_text or "").partition("version:")[2].strip().split("\n")[0][:80] or None
         return self.python_version
 
-    def _stop(self) -> None:
+    def _stop(self, *, grace_s: float = 10.0) -> None:
         if self.server is not None:
-            self.server.stop()
+            self.server.stop(grace_s=grace_s)
             self.server = None
             self._launched = None
 
@@ -189,7 +225,8 @@ class ServerSession:
                        "drafts": {d.name: {"model": d.model, "method": d.method} for d in self.profile.drafts}},
             "environment": environment_base(),
             "server": {"engine": self.settings.engine, "engine_version": self._engine_version(),
-                       "attached": self.settings.url, "launches": self.launches},
+                       "attached": self.settings.url, "launches": self.launches,
+                       **({"ended_leftovers": self.leftovers} if self.leftovers else {})},
         }
         if self.attached:
             described["server"]["reports"] = _server_report(self.url, self.api_key)
@@ -208,6 +245,7 @@ class ServerBackend:
         try:
             session = ServerSession(profile, observer=observer)
             session.log_dir = out_dir
+            session.end_leftovers()
             return session
         except EngineError as error:
             raise ProfileError(str(error)) from None
@@ -225,73 +263,6 @@ def engine_reference(ref: str, engine: ServingEngine) -> str:
             raise ProfileError(f"{ref}: {engine.name} loads GGUF files; point the model at a .gguf file or a builtin")
         return source.location
     return ref if source.kind == "hub" else str(hf_folder(ref))
-
-
-def _find_binary(engine: ServingEngine, settings, where: str) -> str | None:
-    """The executable (llama.cpp) or the Python with the engine installed (vLLM, SGLang)."""
-    if settings.command is not None:
-        found = shutil.which(settings.command[0])
-        if found is None:
-            raise ProfileError(f"{where}server.command: {settings.command[0]!r} is not an executable on PATH; "
-                               "give its full path")
-        return found
-    if settings.binary is not None:
-        binary = Path(settings.binary)
-        if not (binary.is_file() and os.access(binary, os.X_OK)):
-            raise ProfileError(f"{where}server.binary: {binary} is not an executable file; install the engine "
-                               "(make engines) or fix the path")
-        return str(binary)
-    if engine.loads_gguf:
-        found = shutil.which("llama-server")
-        if found is None:
-            raise ProfileError(f"{where}server.binary: llama-server is not on PATH; set server.binary to its path "
-                               "(make engines installs it under .engines/)")
-        return found
-    return sys.executable
-
-
-def _help_text(binary: str | None, engine: ServingEngine, settings) -> str | None:
-    """llama-server's --help (and --version), for its version-dependent flag names."""
-    if not engine.loads_gguf or binary is None:
-        return None
-    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(
-        p for p in (str(Path(binary).resolve().parent), os.environ.get("LD_LIBRARY_PATH")) if p)}
-    texts = []
-    for flag in ("--help", "--version"):
-        try:
-            out = subprocess.run([binary, flag], capture_output=True, text=True, timeout=30, env=env)
-            texts.append(out.stdout + out.stderr)
-        except (OSError, subprocess.SubprocessError) as error:
-            raise ProfileError(f"server.binary: cannot run {binary} {flag}: {error}") from None
-    return "\n".join(texts)
-
-
-def _installed_version(python: str, engine: ServingEngine, where: str) -> str:
-    """The version of the engine installed for `python` (vLLM and SGLang run as Python modules); refused up
-    front where that Python does not have it, rather than as a start-up failure per launch."""
-    probe = ("import importlib.metadata as m, importlib.util as u, sys\n"
-             f"if u.find_spec({engine.module!r}) is None: sys.exit(3)\n"
-             f"for name in {engine.distributions!r}:\n"
-             "    try: print(m.version(name)); break\n"
-             "    except m.PackageNotFoundError: pass\n")
-    try:
-        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as error:
-        raise ProfileError(f"{where}server.binary: cannot run {python}: {error}") from None
-    if out.returncode != 0:
-        raise ProfileError(f"{where}server.binary: {python} has no {engine.module} module; point it at the Python "
-                           f"of the environment that has {engine.name} (`make engines` makes one for vLLM)")
-    return out.stdout.strip() or "unknown"
-
-
-def _api_key(profile: Profile) -> str | None:
-    name = profile.server.api_key_env
-    if name is None:
-        return None
-    key = os.environ.get(name)
-    if not key:
-        raise ProfileError(f"server.api_key_env: the environment variable {name} is not set")
-    return key
 
 
 def _first_model(url: str, api_key: str | None) -> str:

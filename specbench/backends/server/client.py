@@ -1,185 +1,185 @@
 """The load generator: streaming OpenAI-compatible chat completions from one asyncio client, with exactly
 `concurrency` requests in flight (closed loop), or sent at scheduled arrival times whatever the server's state
-(open loop, `run_open_loop`). Per request it keeps what was observed on the wire: when the request
-was sent, when each chunk of tokens arrived (a chunk may carry several tokens: speculative engines emit a
-step's accepted tokens together), and what the server reported (usage, timings)."""
+(open loop). Per request it keeps what was observed on the wire (`stream.py`): when the request was sent (and, open
+loop, when it was due), when each chunk of tokens arrived, what the server reported — or why the request failed.
+
+A failed request is data, not the end of the point: it fails alone (its error kept), and the point stops early only
+when the engine exited or hung, more than half its requests failed, or its deadline passed (`PointAborted`)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import aiohttp
 
+from specbench.backends.server.stream import Request, RequestFailed, Response, payload, stream_response
 
-class RequestFailed(RuntimeError):
-    """The server answered a request with an error, or the connection broke."""
+__all__ = ["PointAborted", "Request", "RequestFailed", "Response", "Limits", "arrival_times", "describe_errors",
+           "payload", "run", "run_open_loop", "get_json", "get_text", "answers"]
+
+# Pooled connections idle at most this long. llama-server and uvicorn (vLLM, SGLang) close a kept-alive connection
+# after 5 s idle; a pooled connection the server already closed fails the next request written on it.
+KEEPALIVE_S = 4.0
+STALL_S = 30.0  # no byte from the server for this long with requests in flight: ask whether the engine is hung
+
+
+class PointAborted(RuntimeError):
+    """The point stopped before its requests finished. `engine_unusable`: the engine exited, hung, or outlived the
+    point's deadline, and must be killed (and launched again for the next point)."""
+
+    def __init__(self, message: str, *, engine_unusable: bool):
+        super().__init__(message)
+        self.engine_unusable = engine_unusable
 
 
 @dataclass(frozen=True)
-class Request:
-    index: int  # position in the point's request list
-    messages: list[dict[str, str]]
-    temperature: float
-    top_p: float
-    max_tokens: int
-    seed: int
-    ignore_eos: bool = False  # generate max_tokens whatever the model emits (vLLM, SGLang and llama.cpp take it)
+class Limits:
+    """How long a point may run, and what tells a dead or hung engine (`watch`: None where nothing is known)."""
+
+    deadline: float | None = None  # time.monotonic() by which the point must be done
+    point_timeout_s: float | None = None  # the setting behind the deadline, for the message
+    exited: Callable[[], str | None] | None = None  # why the engine is gone, or None while it runs
+    hung: Callable[[float], Awaitable[str | None]] | None = None  # after `s` silent seconds: why it is hung, or None
+    fail_share: float = 0.5  # more than this share of the requests failed: the point fails
+    stall_s: float = STALL_S
 
 
-@dataclass
-class Response:
-    index: int
-    start_s: float  # sent, seconds after the point started
-    chunk_times_s: list[float] = field(default_factory=list)  # arrival of each chunk with content, from start
-    chunk_tokens: list[int] = field(default_factory=list)  # tokens per chunk (from the server where it says)
-    text: str = ""
-    end_s: float = 0.0  # last byte, from start
-    usage: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None  # llama.cpp's per-response timings (draft_n, draft_n_accepted)
-    finish_reason: str | None = None
+class _State:
+    """What the supervisor sees of the requests in flight."""
+
+    def __init__(self, total: int):
+        self.total, self.in_flight, self.finished = total, 0, 0
+        self.errors: list[str] = []
+        self.last_byte = time.monotonic()
+
+    def touch(self) -> None:
+        self.last_byte = time.monotonic()
 
 
-# One connection per request (force_close): llama-server drops kept-alive connections between requests, and
-# aiohttp 3.14 then fails the next request on a pooled one ("Can not write request body", measured with 4 in
-# flight). The cost, measured on vLLM at concurrency 4: a mean TTFT 13-32 % above vLLM's own kept-alive client's
-# (its API server accepts connections on the loop that streams); a retry on a fresh connection was not enough (the
-# pool handed out another dropped one), so the fix is left for a pool that checks connections before reuse.
+def describe_errors(errors: list[str], *, kinds: int = 3) -> str:
+    """Errors grouped, the most frequent first: "3 x timed out after 124 s; 1 x HTTP 503: ..."."""
+    counted = Counter(errors).most_common()
+    text = "; ".join(f"{n} x {error}" for error, n in counted[:kinds])
+    return text + (f"; and {len(counted) - kinds} other errors" if len(counted) > kinds else "")
 
 
-def payload(request: Request, *, model: str) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": model, "messages": request.messages, "max_tokens": request.max_tokens, "stream": True,
-        "stream_options": {"include_usage": True}, "temperature": request.temperature,
-    }
-    if request.temperature > 0:  # greedy needs no seed (a seeded request can take an engine's slower sampling path)
-        body.update(top_p=request.top_p, seed=request.seed)
-    if request.ignore_eos:
-        body["ignore_eos"] = True
-    return body
-
-
-async def _one(session: aiohttp.ClientSession, url: str, request: Request, *, model: str, origin: float,
-               headers: dict[str, str]) -> Response:
-    response = Response(request.index, start_s=time.perf_counter() - origin)
-    sent = time.perf_counter()
-    async with session.post(f"{url}/v1/chat/completions", json=payload(request, model=model), headers=headers) as http:
-        if http.status != 200:
-            raise RequestFailed(f"HTTP {http.status} from {url}: {(await http.text())[:200]}")
-        pieces = []
-        async for raw in http.content:
-            line = raw.decode("utf-8", "replace").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            event = json.loads(data)
-            if event.get("error"):
-                raise RequestFailed(f"error from {url}: {str(event['error'])[:200]}")
-            now = time.perf_counter() - sent
-            if event.get("usage"):
-                response.usage = event["usage"]
-            if event.get("timings"):
-                response.timings = event["timings"]
-            for choice in event.get("choices") or ():
-                content = (choice.get("delta") or {}).get("content")
-                if content:
-                    pieces.append(content)
-                    response.chunk_times_s.append(now)
-                    response.chunk_tokens.append(_tokens_in(choice, event))
-                if choice.get("finish_reason"):
-                    response.finish_reason = choice["finish_reason"]
-        response.text = "".join(pieces)
-        response.end_s = time.perf_counter() - sent
+async def _attempt(session: aiohttp.ClientSession, url: str, request: Request, *, model: str, origin: float,
+                   headers: dict[str, str], state: _State, scheduled_s: float | None = None) -> Response:
+    """One request within its deadline; a failure is recorded on its response, never raised."""
+    response = Response(request.index, start_s=time.perf_counter() - origin, scheduled_s=scheduled_s)
+    state.in_flight += 1
+    try:
+        await asyncio.wait_for(stream_response(session, url, request, response, model=model, headers=headers,
+                                               on_bytes=state.touch), request.timeout_s)
+    except asyncio.TimeoutError:
+        response.error = f"timed out after {request.timeout_s:g} s (server.request_timeout_s)"
+    except RequestFailed as error:
+        response.error = str(error)
+    except (aiohttp.ClientError, OSError, ValueError) as error:  # refused, reset, or a stream that is not JSON
+        response.error = f"{type(error).__name__}: {str(error)[:200]}"
+    finally:
+        state.in_flight -= 1
+        state.finished += 1
+        state.touch()
+    if response.error is not None:
+        state.errors.append(response.error)
     return response
 
 
-def _tokens_in(choice: dict[str, Any], event: dict[str, Any]) -> int:
-    """Tokens a chunk carries: the length of its logprobs content or token ids where the server sends them,
-    else 0 (counted from the text later)."""
-    logprobs = (choice.get("logprobs") or {}).get("content")
-    if logprobs:
-        return len(logprobs)
-    ids = choice.get("token_ids") or (choice.get("delta") or {}).get("token_ids")
-    return len(ids) if ids else 0
+async def _supervise(work: asyncio.Future, state: _State, limits: Limits) -> PointAborted | None:
+    """Wait for the point's requests; stop them (returns why) when the engine exits or hangs, when more than
+    `fail_share` of them failed, or at the point's deadline."""
+    while True:
+        await asyncio.wait({work}, timeout=0.5)
+        if work.done():
+            return None
+        now = time.monotonic()
+        if limits.exited is not None and (gone := limits.exited()) is not None:
+            return PointAborted(gone, engine_unusable=True)
+        if len(state.errors) > limits.fail_share * state.total:
+            return PointAborted(f"more than {limits.fail_share:.0%} of the requests failed ({len(state.errors)} of "
+                                f"{state.total} so far: {describe_errors(state.errors)})", engine_unusable=False)
+        if limits.deadline is not None and now > limits.deadline:
+            return PointAborted(f"the point's deadline of {limits.point_timeout_s:g} s passed (server.point_timeout_s) "
+                                f"with {state.total - state.finished} of {state.total} requests unfinished",
+                                engine_unusable=True)
+        silent_s = now - state.last_byte
+        if state.in_flight and limits.hung is not None and silent_s > limits.stall_s:
+            reason = await limits.hung(silent_s)
+            if reason is not None:
+                return PointAborted(f"{reason}, with {state.in_flight} requests in flight", engine_unusable=True)
+            state.touch()  # working (a long prefill): ask again after another silent stretch
 
 
-async def run_requests(url: str, requests: list[Request], *, model: str, concurrency: int,
-                       api_key: str | None = None, timeout_s: float = 600.0) -> list[Response]:
-    """All `requests`, at most `concurrency` in flight (a new one starts as soon as one finishes). The
-    first failure cancels the rest and is raised."""
+async def run_load(url: str, requests: list[Request], *, model: str, concurrency: int | None = None,
+                   arrivals_s: list[float] | None = None, api_key: str | None = None, keep_alive: bool = True,
+                   limits: Limits = Limits()) -> list[Response]:
+    """All `requests`: at most `concurrency` in flight (a new one starts as soon as one finishes), or each sent at
+    its arrival time (seconds after the start, `arrivals_s`) however many are in flight. Responses in request
+    order, failed ones with their error; raises `PointAborted` when the point stops early."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=True)
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_s)
-    queue: asyncio.Queue[Request] = asyncio.Queue()
-    for request in requests:
-        queue.put_nowait(request)
+    connector = aiohttp.TCPConnector(limit=concurrency or 0, force_close=not keep_alive,
+                                     keepalive_timeout=KEEPALIVE_S if keep_alive else None)
+    state = _State(len(requests))
     responses: list[Response] = []
     origin = time.perf_counter()
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        call = dict(model=model, origin=origin, headers=headers, state=state)
+        if arrivals_s is None:
+            queue = list(reversed(requests))
 
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        async def worker() -> None:
-            while not queue.empty():
-                request = queue.get_nowait()
-                responses.append(await _one(session, url, request, model=model, origin=origin, headers=headers))
+            async def worker() -> None:
+                while queue:
+                    responses.append(await _attempt(session, url, queue.pop(), **call))
 
-        try:
-            await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)))))
-        except aiohttp.ClientError as error:
-            raise RequestFailed(f"{type(error).__name__} talking to {url}: {error}") from None
-    return sorted(responses, key=lambda r: r.index)
+            tasks = [worker() for _ in range(min(concurrency or 1, len(requests)))]
+        else:
+            async def send(request: Request, at_s: float) -> None:
+                await asyncio.sleep(max(0.0, at_s - (time.perf_counter() - origin)))
+                responses.append(await _attempt(session, url, request, scheduled_s=at_s, **call))
 
-
-async def run_scheduled(url: str, requests: list[Request], arrivals_s: list[float], *, model: str,
-                        api_key: str | None = None, timeout_s: float = 600.0) -> list[Response]:
-    """Each request sent at its arrival time (seconds from the first), however many are in flight. The
-    first failure cancels the rest and is raised. A response's `start_s` is when it was actually sent: the
-    gap to its arrival time is the client's own lateness."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    connector = aiohttp.TCPConnector(limit=0, force_close=True)  # open loop: no cap on connections in flight
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_s)
-    origin = time.perf_counter()
-
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        async def send(request: Request, at_s: float) -> Response:
-            await asyncio.sleep(max(0.0, at_s - (time.perf_counter() - origin)))
-            return await _one(session, url, request, model=model, origin=origin, headers=headers)
-
-        try:
-            responses = await asyncio.gather(*(send(r, at) for r, at in zip(requests, arrivals_s)))
-        except aiohttp.ClientError as error:
-            raise RequestFailed(f"{type(error).__name__} talking to {url}: {error}") from None
+            tasks = [send(request, at) for request, at in zip(requests, arrivals_s)]
+        work = asyncio.ensure_future(asyncio.gather(*tasks))
+        aborted = await _supervise(work, state, limits)
+        if aborted is not None:
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            raise aborted
+        await work
     return sorted(responses, key=lambda r: r.index)
 
 
 def arrival_times(count: int, *, request_rate: float, burstiness: float, seed: int) -> list[float]:
-    """`count` arrival times (seconds, the first at 0) of a seeded renewal process: gamma-distributed gaps of
-    shape `burstiness` (1: Poisson), as vLLM's benchmark client draws them, then scaled so that the mean rate
-    over the schedule is exactly `request_rate` (a short draw of a Poisson process strays from its rate by
-    about 1/sqrt(count); the shape of the gaps is kept). Every point of a level gets the same times."""
+    """`count` arrival times (seconds after the point starts) of a seeded renewal process, as vLLM's benchmark client
+    draws them: `count` gamma-distributed gaps of shape `burstiness` (1: Poisson), the first before the first
+    request, scaled so the last arrives at exactly count / request_rate (a short draw strays from its rate by about
+    1/sqrt(count); the shape of the gaps is kept). Every point of a level gets the same times."""
     import numpy as np
 
-    if count < 2:
-        return [0.0] * count
-    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (request_rate * burstiness), size=count - 1)
-    gaps *= (count - 1) / request_rate / gaps.sum()
-    return [0.0, *np.cumsum(gaps).tolist()]
+    if count < 1:
+        return []
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (request_rate * burstiness), size=count)
+    gaps *= count / request_rate / gaps.sum()
+    return np.cumsum(gaps).tolist()
 
 
 def run_open_loop(url: str, requests: list[Request], arrivals_s: list[float], *, model: str,
-                  api_key: str | None = None) -> list[Response]:
-    return asyncio.run(run_scheduled(url, requests, arrivals_s, model=model, api_key=api_key))
+                  api_key: str | None = None, keep_alive: bool = True, limits: Limits = Limits()) -> list[Response]:
+    return asyncio.run(run_load(url, requests, model=model, arrivals_s=arrivals_s, api_key=api_key,
+                                keep_alive=keep_alive, limits=limits))
 
 
-def run(url: str, requests: list[Request], *, model: str, concurrency: int, api_key: str | None = None) -> list[Response]:
-    return asyncio.run(run_requests(url, requests, model=model, concurrency=concurrency, api_key=api_key))
+def run(url: str, requests: list[Request], *, model: str, concurrency: int, api_key: str | None = None,
+        keep_alive: bool = True, limits: Limits = Limits()) -> list[Response]:
+    return asyncio.run(run_load(url, requests, model=model, concurrency=concurrency, api_key=api_key,
+                                keep_alive=keep_alive, limits=limits))
 
 
-async def get_json(url: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> Any:
+async def get_json(url: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> object:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         async with session.get(url, headers=headers) as http:
@@ -192,3 +192,12 @@ async def get_text(url: str, *, api_key: str | None = None, timeout_s: float = 5
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         async with session.get(url, headers=headers) as http:
             return http.status, await http.text()
+
+
+async def answers(url: str, *, timeout_s: float) -> bool:
+    """Whether anything answers `url` within `timeout_s` (any HTTP status: the server is alive)."""
+    try:
+        await get_text(url, timeout_s=timeout_s)
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        return False
+    return True

@@ -1,11 +1,14 @@
-"""One point on a server: warm-up requests, the engine's counters before, every prompt x repeat at the
-point's concurrency, the counters after; one request row per response, with what was seen on the wire."""
+"""One point on a server: warm-up requests (prompts that are not measured), the engine's counters before, every
+prompt x repeat at the point's concurrency (or at its arrival times), the counters after; one request row per
+request, with what was seen on the wire — or, for a request that failed, why."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import random
+import statistics
+import time
 from typing import TYPE_CHECKING, Any
 
 from specbench.backends.base import AfterPrompt, OnRequest
@@ -16,6 +19,8 @@ from specbench.results import PointSpec, prompt_columns
 
 if TYPE_CHECKING:
     from specbench.backends.server import ServerSession
+
+WARMUP_TEXT = "Before it is measured, the engine answers a few requests like this one to warm up. "
 
 
 def request_plan(session: "ServerSession", spec: PointSpec) -> list[tuple[int, Any, int, int]]:
@@ -37,114 +42,176 @@ def request_plan(session: "ServerSession", spec: PointSpec) -> list[tuple[int, A
     return plan
 
 
+def warmup_requests(session: "ServerSession", spec: PointSpec, requests: list[client.Request],
+                    count: int) -> list[client.Request]:
+    """`count` warm-up requests that no measured request shares a prompt with (with prefix caching, warming up on a
+    measured prompt makes its measured TTFT a cache hit): a filler text about as long as the median measured
+    prompt, numbered so no two share a prefix, with the budgets of the measured requests."""
+    tokens = int(statistics.median(session.prompt_tokens)) if session.prompt_tokens else 32
+    filler = session.tokenizer(WARMUP_TEXT * (1 + tokens // 12), add_special_tokens=False)["input_ids"][:tokens]
+    text = session.tokenizer.decode(filler)
+    return [client.Request(-1 - i, [{"role": "user", "content": f"Warm-up request {i + 1}. {text}"}],
+                           spec.temperature, spec.top_p, requests[i % len(requests)].max_tokens,
+                           session.profile.run.seed, session.workload.ignore_eos, requests[i % len(requests)].timeout_s)
+            for i in range(count)]
+
+
 def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_key: str, on_request: OnRequest,
                   after_prompt: AfterPrompt | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    profile = session.profile
-    run = profile.run
+    run = session.profile.run
     concurrency = spec.concurrency or 1  # at a request rate: warm-up one at a time
     plan = request_plan(session, spec)
     budgets, ignore_eos = session.workload.max_new_tokens, session.workload.ignore_eos
-    requests = [client.Request(i, [dict(m) for m in prompt.messages], spec.temperature, spec.top_p,
-                               budgets[index], seed, ignore_eos) for i, (index, prompt, _, seed) in enumerate(plan)]
-    call = dict(model=session.model_name, api_key=session.api_key)
-    warmup = [client.Request(-1 - i, requests[i % len(requests)].messages, spec.temperature, spec.top_p,
-                             requests[i % len(requests)].max_tokens, run.seed, ignore_eos)
-              for i in range(run.warmup * concurrency)]
-    if warmup:
-        client.run(url, warmup, concurrency=concurrency, **call)
+    requests = [client.Request(i, [dict(m) for m in prompt.messages], spec.temperature, spec.top_p, budgets[index],
+                               seed, ignore_eos, session.request_timeout_s(budgets[index]))
+                for i, (index, prompt, _, seed) in enumerate(plan)]
+    limits = session.limits(spec, requests)
+    call = dict(model=session.model_name, api_key=session.api_key, keep_alive=session.keep_alive, limits=limits)
+    warmup = warmup_requests(session, spec, requests, run.warmup * concurrency)
+    if warmup:  # not measured; every one failing says the engine does not serve
+        failed = [r.error for r in client.run(url, warmup, concurrency=concurrency, **call) if r.error]
+        if len(failed) == len(warmup):
+            raise client.PointAborted(f"every warm-up request failed ({client.describe_errors(failed)})",
+                                      engine_unusable=False)
 
     prefix = session.engine.metrics_prefix if session.engine is not None else None
-    before = _counters(url, prefix, session.api_key)
-    pids = session.server.descendants() if session.server is not None else []
+    before = counters(url, prefix, session.api_key)
+    pids = session.server.engine_pids() if session.server is not None else []
     reset_peak_rss(pids)
     rows: list[dict[str, Any]] = []
+
+    def record(response: client.Response) -> None:
+        index, prompt, repeat, seed = plan[response.index]
+        rows.append(request_row(spec, response, session=session, point_key=point_key, prompt=prompt, repeat=repeat,
+                                seed=seed))
+        on_request()
+
     if spec.open_loop:
         arrivals = client.arrival_times(len(requests), request_rate=spec.request_rate,
-                                        burstiness=profile.load.burstiness, seed=run.seed)
+                                        burstiness=session.profile.load.burstiness, seed=run.seed)
         for response in client.run_open_loop(url, requests, arrivals, **call):
-            index, prompt, repeat, seed = plan[response.index]
-            rows.append(request_row(spec, response, session=session, point_key=point_key, prompt=prompt,
-                                    repeat=repeat, seed=seed, scheduled_s=arrivals[response.index]))
-            on_request()
+            record(response)
     else:
         # one request at a time: prompt by prompt, so a tune can prune after each; else all at the level's concurrency
         batches = ([[r for r, p in zip(requests, plan) if p[0] == i] for i in range(len(session.prompts))]
                    if concurrency == 1 else [requests])
         for batch in batches:
             for response in client.run(url, batch, concurrency=concurrency, **call):
-                index, prompt, repeat, seed = plan[response.index]
-                rows.append(request_row(spec, response, session=session, point_key=point_key, prompt=prompt,
-                                        repeat=repeat, seed=seed))
-                on_request()
+                record(response)
             if after_prompt is not None and concurrency == 1:
                 after_prompt(rows)
-    after = _counters(url, prefix, session.api_key)
+    engine_gone(limits, waited_s=1.0 if any(row["error"] for row in rows) else 0.0)
+    check_failures(rows)
+    after = counters(url, prefix, session.api_key)
     return rows, point_measurements(before, after, rows, peak_mb=peak_rss_mb(pids) if pids else None,
                                     speculates=spec.method != "baseline")
 
 
-def _counters(url: str, prefix: str | None, api_key: str | None) -> SpecCounters | None:
+def engine_gone(limits: client.Limits, *, waited_s: float) -> None:
+    """Fail the point when its engine exited. After failed requests, look for `waited_s`: an engine killed mid-point
+    closes its connections a moment before it is seen to have exited."""
+    deadline = time.monotonic() + waited_s
+    while limits.exited is not None:
+        if (gone := limits.exited()) is not None:
+            raise client.PointAborted(gone, engine_unusable=True)
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.1)
+
+
+def check_failures(rows: list[dict[str, Any]], *, share: float = 0.5) -> None:
+    """A point is measured when at least one request was, and no more than `share` of them failed."""
+    errors = [row["error"] for row in rows if row["error"] is not None]
+    if errors and (len(errors) == len(rows) or len(errors) > share * len(rows)):
+        which = "every request" if len(errors) == len(rows) else f"more than {share:.0%} of the requests"
+        raise client.PointAborted(f"{which} failed ({len(errors)} of {len(rows)}: {client.describe_errors(errors)})",
+                                  engine_unusable=False)
+
+
+def counters(url: str, prefix: str | None, api_key: str | None) -> SpecCounters | None:
+    """The engine's spec-decode counters from its /metrics; None where it has none, does not answer, or sends text
+    that is not Prometheus' (per-response counts are used instead, and the point says so)."""
     if prefix is None:
         return None
     try:
         status, text = asyncio.run(client.get_text(f"{url}/metrics", api_key=api_key))
-    except Exception:  # noqa: BLE001 - a server without /metrics: per-response counts, if any
+        return spec_counters(text, prefix=prefix) if status == 200 else None
+    except Exception:  # noqa: BLE001 - no /metrics, or unparseable: per-response counts, if any
         return None
-    return spec_counters(text, prefix=prefix) if status == 200 else None
 
 
 def point_measurements(before: SpecCounters | None, after: SpecCounters | None, rows: list[dict[str, Any]], *,
                        peak_mb: float | None, speculates: bool = True) -> dict[str, Any]:
     """The engine's acceptance over the point, and where it came from: its /metrics counters, else the sum
-    of per-response counts (llama.cpp timings), else nothing — never a guess. A speculating launch whose counters
-    did not move drafted nothing (a gamma schedule's 0 at this batch size): zeros, from the counters."""
+    of per-response counts (llama.cpp timings; a response that drafted nothing omits them: 0), else nothing —
+    never a guess. A speculating launch whose counters did not move drafted nothing (a gamma schedule's 0 at this
+    batch size): zeros, from the counters."""
     measured: dict[str, Any] = {"server_peak_rss_mb": peak_mb, "acceptance_source": None, "engine_drafts": None,
                                 "engine_draft_tokens": None, "engine_accepted_tokens": None,
                                 "engine_accepted_per_position": None}
+    answered = [row for row in rows if row.get("error") is None]
     if before is not None and after is not None and (speculates or after.minus(before).draft_tokens > 0):
         diff = after.minus(before)
         measured.update(acceptance_source="metrics", engine_drafts=diff.drafts, engine_draft_tokens=diff.draft_tokens,
                         engine_accepted_tokens=diff.accepted_tokens,
                         engine_accepted_per_position=list(diff.accepted_per_position) or None)
-    elif rows and all(r["drafted_tokens"] is not None for r in rows) and sum(r["drafted_tokens"] for r in rows):
+    elif speculates and answered and any(row["drafted_tokens"] is not None for row in answered):
         measured.update(acceptance_source="responses",
-                        engine_draft_tokens=float(sum(r["drafted_tokens"] for r in rows)),
-                        engine_accepted_tokens=float(sum(r["accepted_tokens"] for r in rows)))
+                        engine_draft_tokens=float(sum(row["drafted_tokens"] or 0 for row in answered)),
+                        engine_accepted_tokens=float(sum(row["accepted_tokens"] or 0 for row in answered)))
     return measured
 
 
 def request_row(spec: PointSpec, response: client.Response, *, session: "ServerSession", point_key: str, prompt,
-                repeat: int, seed: int, scheduled_s: float | None = None) -> dict[str, Any]:
-    """The raw measurements of one streamed response, in requests.parquet's columns."""
+                repeat: int, seed: int) -> dict[str, Any]:
+    """The raw measurements of one streamed response, in requests.parquet's columns; a failed request keeps which
+    request it was, when it was sent and its error, and no figures."""
+    scheduled = response.scheduled_s
+    row: dict[str, Any] = {
+        "point_id": spec.point_id, "point_key": point_key, "request_id": f"{prompt.prompt_id}#{repeat}",
+        **prompt_columns(prompt), "repeat": repeat, "seed": seed, "start_ms": response.start_s * 1e3,
+        "scheduled_ms": scheduled * 1e3 if scheduled is not None else None,  # open loop: its arrival time
+        "send_lateness_ms": (response.start_s - scheduled) * 1e3 if scheduled is not None else None,
+        "error": response.error,
+    }
+    if response.error is not None:
+        return {**row, "prompt_tokens": None, "output_tokens": None, "ttft_ms": None, "e2e_ms": None,
+                "tokens_per_s": None, "tpot_ms": None, "itl_ms": [], "drafted_tokens": None, "accepted_tokens": None,
+                "output_sha": None, "finish_reason": None, "first_content_ms": None, "reasoning_tokens": None,
+                **_UNMEASURED}
     usage = response.usage or {}
     output_tokens = usage.get("completion_tokens")
     if output_tokens is None:
-        output_tokens = len(session.tokenizer(response.text, add_special_tokens=False)["input_ids"])
+        output_tokens = len(session.tokenizer(response.reasoning + response.text, add_special_tokens=False)["input_ids"])
     tokens = _tokens_per_chunk(response)
     ttft_s = response.chunk_times_s[0] if response.chunk_times_s else response.end_s
     # ITL per token: the gap before a chunk for its first token, 0 for the others it carries
     itl = [gap for a, b, n in zip(response.chunk_times_s, response.chunk_times_s[1:], tokens[1:])
            for gap in [(b - a) * 1e3] + [0.0] * (n - 1)]
-    timings = response.timings or {}
-    drafted = timings.get("draft_n")
-    accepted = timings.get("draft_n_accepted")
+    timings = response.timings
+    drafted = accepted = None
+    if timings is not None and spec.method != "baseline":  # llama.cpp omits its counts where nothing was drafted
+        drafted, accepted = int(timings.get("draft_n") or 0), int(timings.get("draft_n_accepted") or 0)
+    reasoning_tokens = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
     return {
-        "point_id": spec.point_id, "point_key": point_key, "request_id": f"{prompt.prompt_id}#{repeat}",
-        **prompt_columns(prompt), "repeat": repeat, "seed": seed,
-        "prompt_tokens": usage.get("prompt_tokens"), "output_tokens": output_tokens,
+        **row, "prompt_tokens": usage.get("prompt_tokens"), "output_tokens": output_tokens,
         "ttft_ms": ttft_s * 1e3, "e2e_ms": response.end_s * 1e3,
         "tokens_per_s": output_tokens / response.end_s if response.end_s > 0 else None,
         "tpot_ms": (response.end_s - ttft_s) * 1e3 / (output_tokens - 1) if output_tokens > 1 else None,
-        "itl_ms": itl, "target_steps": None, "decode_tokens": None,
-        "drafted_tokens": int(drafted) if drafted is not None else None,
-        "accepted_tokens": int(accepted) if accepted is not None else None,
-        "rejected_steps": None, "accepted_per_position": [], "drafted_per_position": None,
-        "draft_ms": None, "verify_ms": None, "peak_memory_growth_mb": None,
-        "output_sha": hashlib.sha256(response.text.encode()).hexdigest()[:16],
-        "output_ids": None, "top2_gap": None,
-        "start_ms": response.start_s * 1e3, "finish_reason": response.finish_reason,
-        "scheduled_ms": scheduled_s * 1e3 if scheduled_s is not None else None,  # open loop: its arrival time
+        "itl_ms": itl, "drafted_tokens": drafted, "accepted_tokens": accepted,
+        "output_sha": hashlib.sha256((response.reasoning + response.text).encode()).hexdigest()[:16],
+        "finish_reason": response.finish_reason,
+        # a reasoning model's answer starts after its reasoning: TTFT counts the first token of either
+        "first_content_ms": response.first_content_s * 1e3 if response.first_content_s is not None else None,
+        "reasoning_tokens": reasoning_tokens if reasoning_tokens is not None else (0 if not response.reasoning else None),
+        **_UNMEASURED,
     }
+
+
+# columns of the in-process backends that a server does not show
+_UNMEASURED = {"target_steps": None, "decode_tokens": None, "rejected_steps": None, "accepted_per_position": [],
+               "drafted_per_position": None, "draft_ms": None, "verify_ms": None, "peak_memory_growth_mb": None,
+               "output_ids": None, "top2_gap": None}
 
 
 def _tokens_per_chunk(response: client.Response) -> list[int]:

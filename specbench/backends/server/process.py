@@ -1,16 +1,20 @@
 """One launched serving engine: started from an argv list (never a shell) in its own process group on
 127.0.0.1 and a free port, with its output in a log file; ready once its health endpoint and model list
 answer; stopped — the whole group terminated, then killed — on any exit of specbench: normal, an
-exception, Ctrl-C or SIGTERM. No server is ever left behind."""
+exception, Ctrl-C or SIGTERM; and killed with its group by its lifeline (`lifeline.py`) when specbench is
+killed outright (kill -9). Each launch is recorded in the run's folder while it runs, so a run of the same folder
+finds and ends an engine an earlier run left behind (`end_leftovers`). No server is ever left behind."""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +22,8 @@ from pathlib import Path
 from specbench.backends.server import client
 
 HOST = "127.0.0.1"
+LIFELINE = Path(__file__).with_name("lifeline.py")
+RECORD_GLOB = ".engine-*.json"  # beside the launch logs, while an engine runs: who launched it, which process it is
 _RUNNING: set["ServerProcess"] = set()  # stopped at exit and on SIGTERM
 _HANDLERS_INSTALLED = False
 
@@ -47,17 +53,27 @@ class ServerProcess:
         self.env = env
         self.port = port
         self.url = f"http://{HOST}:{port}"
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen | None = None  # the lifeline, leader of the engine's process group
+        self._lifeline: int | None = None  # the pipe end whose closing (specbench gone) ends the group
+        self._engine: int | None = None  # the engine's pid (the lifeline's child)
+        self.record_path = log_path.parent / f".engine-{os.getpid()}.json"
 
     def start(self) -> "ServerProcess":
         _install_handlers()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        watched, self._lifeline = os.pipe()  # both ends close-on-exec: only the lifeline inherits its end
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(self.argv)}\n".encode())
             log.flush()
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env={**os.environ, **(self.env or {})}, start_new_session=True)
+            self.process = subprocess.Popen([sys.executable, "-I", "-S", str(LIFELINE), str(watched), *self.argv],
+                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env={**os.environ, **(self.env or {})}, start_new_session=True,
+                                            pass_fds=(watched,))
+        os.close(watched)
         _RUNNING.add(self)
+        record = {"owner_pid": os.getpid(), "owner_start": start_time(os.getpid()), "pgid": self.process.pid,
+                  "started": start_time(self.process.pid), "argv": self.argv, "log": str(self.log_path)}
+        self.record_path.write_text(json.dumps(record))
         return self
 
     @property
@@ -65,14 +81,32 @@ class ServerProcess:
         return self.process.pid if self.process is not None else None
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        """Whether the engine runs: its lifeline has not exited, and the engine under it is not dead (a killed engine
+        is a zombie, then gone, a moment before its lifeline reaps it and exits)."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        if self._engine is None:  # the lifeline's child, once it has started it
+            self._engine = next((pid for pid in self.descendants() if pid != self.pid), None)
+        if self._engine is None:
+            return True
+        try:
+            return Path(f"/proc/{self._engine}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except (OSError, IndexError):
+            return False
+
+    def exit_code(self, *, wait_s: float = 2.0) -> int | None:
+        """The engine's exit status (its lifeline's, which exits with it), waiting up to `wait_s` for it."""
+        try:
+            return self.process.wait(timeout=wait_s) if self.process is not None else None
+        except subprocess.TimeoutExpired:
+            return None
 
     def wait_ready(self, *, timeout_s: float, health_path: str = "/health") -> None:
         """Poll the health endpoint, then the model list, until both answer or `timeout_s` passes."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
-                raise ServerFailed(f"the server exited with code {self.process.returncode} before it was ready; "
+                raise ServerFailed(f"the server exited with code {self.exit_code()} before it was ready; "
                                    f"log {self.log_path}: {log_tail(self.log_path)}")
             if self._answers(health_path) and self._answers("/v1/models"):
                 return
@@ -108,15 +142,34 @@ class ServerProcess:
             todo += children.get(pid, [])
         return tree
 
+    def engine_pids(self) -> list[int]:
+        """The engine's process tree without its lifeline (what its memory is measured over)."""
+        return [pid for pid in self.descendants() if pid != self.pid]
+
+    def progress(self) -> tuple[bool, int]:
+        """Whether any process of the engine is stopped (SIGSTOP, a debugger), and the CPU time its tree has used
+        (clock ticks): a hung engine is stopped, or uses none."""
+        stopped, ticks = False, 0
+        for pid in self.engine_pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            stopped |= fields[0] in ("T", "t")
+            ticks += int(fields[11]) + int(fields[12])  # utime + stime
+        return stopped, ticks
+
     def stop(self, *, grace_s: float = 10.0) -> None:
-        """SIGTERM to the whole process group, then SIGKILL to whatever is left after `grace_s`."""
+        """SIGTERM to the whole process group (and SIGCONT, so a stopped engine gets to answer it), then SIGKILL
+        to whatever is left after `grace_s`."""
         _RUNNING.discard(self)
         if self.process is None:
             return
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        for sent in (signal.SIGTERM, signal.SIGCONT) if grace_s > 0 else ():
+            try:
+                os.killpg(self.process.pid, sent)
+            except ProcessLookupError:
+                pass
         try:
             self.process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
@@ -126,12 +179,67 @@ class ServerProcess:
         except ProcessLookupError:
             pass
         self.process.wait()
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
+        self.record_path.unlink(missing_ok=True)
 
     def __enter__(self) -> "ServerProcess":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def start_time(pid: int) -> int | None:
+    """When a process started (clock ticks after boot, /proc/PID/stat): with its pid, what tells it from a later
+    process that reuses the pid."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def group_members(pgid: int) -> list[int]:
+    """The processes of a process group, from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                    members.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return members
+
+
+def end_leftovers(folder: Path) -> list[dict]:
+    """End the engines an earlier run of this folder launched and left running (it was killed outright, and its
+    engine outlived it); returns what was ended (argv, pid, log). An engine is this folder's leftover when its
+    record's launcher has exited and its process group still runs: its leader with the recorded start time, or,
+    the leader gone, members still in its group (a group id is not reused while the group has members). Records
+    of engines that are gone are removed; those of launchers still running (another worker on this folder) kept."""
+    ended = []
+    for path in sorted(folder.glob(RECORD_GLOB)):
+        try:
+            record = json.loads(path.read_text())
+            owner, pgid = int(record["owner_pid"]), int(record["pgid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+            continue
+        if start_time(owner) is not None and start_time(owner) == record.get("owner_start"):
+            continue  # its launcher still runs: not a leftover
+        leader = start_time(pgid)
+        members = group_members(pgid) if leader is None or leader == record.get("started") else []
+        if members:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            ended.append({"argv": record.get("argv"), "pid": pgid, "log": record.get("log"),
+                          "launched_by_pid": owner})
+        path.unlink(missing_ok=True)
+    return ended
 
 
 def stop_all() -> None:

@@ -1,0 +1,91 @@
+"""The profile's [capacity] and [cost] tables: what a capacity search holds and how finely it searches, and the
+price of a replica-hour. Validated where the profile enters (one-line errors naming the key)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Strict, StrictBool, StrictInt, model_validator
+
+from specbench.validation import check, rule
+
+_Positive = Annotated[float, Strict(), check(lambda v: v > 0, "a number > 0")]
+_Share = Annotated[float, Strict(), check(lambda v: 0 < v <= 1, "a number in (0, 1]")]
+_Confidence = Annotated[float, Strict(), check(lambda v: 0 < v < 1, "a number in (0, 1), e.g. 0.95")]
+_Count = Annotated[StrictInt, check(lambda v: v >= 1, "an integer >= 1")]
+_Growth = Annotated[float, Strict(), check(lambda v: v > 1, "a number > 1")]
+
+
+class CapacitySpec(BaseModel):
+    """A capacity search per launch configuration: the highest request rate (and, with `concurrency = true`,
+    the highest concurrency) at which at least `attainment` of the requests meet every [slo] limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    attainment: _Share = 0.95  # the share of requests that must meet every [slo] limit
+    confidence: _Confidence = 0.95  # the level of each probe's Wilson interval
+    resolution: _Positive | None = None  # relative: stop once the bracket's ends are within this fraction (0.1)
+    resolution_rps: _Positive | None = None  # or absolute, in requests/s
+    requests: _Count = 16  # per probe
+    max_requests: _Count | None = None  # a probe whose interval straddles the target is repeated with twice the
+    # requests, up to this (default 4 x requests); then its point estimate decides
+    max_probes: _Count = 12  # per configuration and axis
+    max_time_s: _Positive | None = None  # per configuration and axis: no new probe once its probes took this long
+    start_rps: _Positive | None = None  # the first rate probed (default: 1 / mean e2e at concurrency 1)
+    lowest_rps: _Positive | None = None  # no probe below (default: the start / 4)
+    highest_rps: _Positive | None = None  # no probe above (default: none)
+    growth: _Growth = 2.0  # the factor between probes until the bracket closes (up from a pass, down from a fail)
+    concurrency: StrictBool = False  # also the highest concurrency (closed loop), from 1
+    max_concurrency: _Count | None = None  # no concurrency probe above
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CapacitySpec":
+        if self.resolution is not None and self.resolution_rps is not None:
+            raise rule("give one of resolution (relative, e.g. 0.1) and resolution_rps (requests/s), not both",
+                       at=("resolution_rps",))
+        if self.max_requests is not None and self.max_requests < self.requests:
+            raise rule(f"must be >= requests = {self.requests} (got {self.max_requests})", at=("max_requests",))
+        if self.lowest_rps is not None and self.highest_rps is not None and self.lowest_rps >= self.highest_rps:
+            raise rule(f"must be > lowest_rps = {self.lowest_rps:g} (got {self.highest_rps:g})", at=("highest_rps",))
+        for key in ("lowest_rps", "highest_rps"):
+            value = getattr(self, key)
+            if value is not None and self.start_rps is not None and (
+                    value > self.start_rps if key == "lowest_rps" else value < self.start_rps):
+                raise rule(f"must be {'<=' if key == 'lowest_rps' else '>='} start_rps = {self.start_rps:g} "
+                           f"(got {value:g})", at=(key,))
+        return self
+
+    @property
+    def relative(self) -> bool:
+        return self.resolution_rps is None
+
+    @property
+    def resolution_value(self) -> float:
+        """The resolution in its unit: a fraction (relative, default 0.1) or requests/s."""
+        return self.resolution_rps if self.resolution_rps is not None else (self.resolution or 0.1)
+
+    @property
+    def requests_at_most(self) -> int:
+        return self.max_requests if self.max_requests is not None else 4 * self.requests
+
+
+class CostSpec(BaseModel):
+    """What one replica costs, and the traffic to size the fleet for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    usd_per_hour: _Positive | None = None  # the price of one replica (the engine's machine) per hour
+    traffic_rps: _Positive | None = None  # requests/s to serve: replicas needed = ceil(traffic / capacity)
+
+
+def capacity_problem(*, backend: str, slo_limits: dict[str, float], capacity: CapacitySpec | None):
+    """The first reason a profile's [capacity] cannot run (a pydantic rule naming the key), or None."""
+    if capacity is None:
+        return None
+    if backend != "server":
+        return rule(f'a capacity search sends requests at rates to a serving engine: set backend = "server" '
+                    f'(backend "{backend}" runs one request at a time), or remove [capacity]', at=("capacity",))
+    if not slo_limits:
+        return rule("a capacity search needs an SLO to hold: add an [slo] table (ttft_ms, tpot_ms and/or e2e_ms)",
+                    at=("slo",))
+    return None

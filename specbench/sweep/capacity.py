@@ -1,0 +1,283 @@
+"""The capacity search of `specbench run` (a profile's [capacity] table): per launch configuration and
+(temperature, top_p), while the configuration's engine is up, the probes `specbench.capacity.next_probe` asks
+for — each one a recorded point at a request rate (or a concurrency), reused where the files already hold it with
+as many requests — until the bracket closes. Each decision goes to the terminal (observer.message) and the
+manifest; the capacities, brackets, gains over the baseline and costs to capacity.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from specbench import cost, results, summary
+from specbench.capacity import (Done, Next, Probe, SearchSettings, conclude, decide, fewest_to_confirm, next_probe,
+                                probe_of)
+from specbench.results import PointSpec
+from specbench.sweep.context import RunContext
+from specbench.sweep.files import RunFiles
+
+if TYPE_CHECKING:
+    from specbench.sweep.loop import PointRun, SweepObserver
+
+def by_launch(planned: list[PointSpec], launch_key: Callable[[PointSpec], Hashable]) -> list[list[PointSpec]]:
+    """The planned points in runs that share one launch (the plan orders them so)."""
+    groups: list[list[PointSpec]] = []
+    for spec in planned:
+        if groups and launch_key(groups[-1][0]) == launch_key(spec):
+            groups[-1].append(spec)
+        else:
+            groups.append([spec])
+    return groups
+
+
+def configuration_label(spec: PointSpec) -> str:
+    """"baseline", or "<draft> γ<gamma>"."""
+    return "baseline" if spec.method == "baseline" else f"{spec.draft} γ{spec.gamma}"
+
+
+class CapacitySearch:
+    """The searches of one run, configuration by configuration; `finish` writes capacity.json."""
+
+    def __init__(self, ctx: RunContext, files: RunFiles, observer: SweepObserver, *, order: list[PointSpec],
+                 evaluate: Callable[..., PointRun]):
+        self.ctx, self.files, self.observer, self.order, self.evaluate = ctx, files, observer, order, evaluate
+        self.spec = ctx.profile.capacity
+        self.slo = ctx.profile.slo.limits()
+        self.entries: list[dict[str, Any]] = []
+        self.probe_points: list[str] = []  # the probes' points that the sweep does not plan
+        self._several_temperatures = len({(s.temperature, s.top_p) for s in order}) > 1
+
+    def search(self, launch: list[PointSpec]) -> None:
+        """Every (temperature, top_p) of one launch configuration, on each axis asked for."""
+        for spec in dict.fromkeys(s.at_load(concurrency=1) for s in launch):
+            self.entries.append(self.search_configuration(spec, "request_rate"))
+            if self.spec.concurrency:
+                self.entries.append(self.search_configuration(spec, "concurrency"))
+            self._write_manifest()
+
+    def finish(self) -> dict[str, Any]:
+        """capacity.json: gains over the baseline and costs filled in, written atomically; returned."""
+        data = capacity_document(self.entries, slo=self.slo, spec=self.spec, cost_spec=self.ctx.profile.cost)
+        results.write_json_atomic(data, self.files.out_dir / results.CAPACITY_FILE)
+        self._write_manifest()
+        return data
+
+    # --- one search ------------------------------------------------------------------------
+
+    def search_configuration(self, serial: PointSpec, axis: str) -> dict[str, Any]:
+        """One configuration's search on one axis ("request_rate" or "concurrency"), from its point at concurrency 1:
+        its capacity.json entry (before the gain over the baseline is known)."""
+        name = self._name(serial)
+        entry = {"configuration": configuration_label(serial), "method": serial.method, "draft": serial.draft,
+                 "gamma": serial.gamma, "temperature": serial.temperature, "top_p": serial.top_p, "axis": axis,
+                 "probes": []}
+        try:
+            settings = self._settings(serial, axis)
+        except ProbeFailed as failure:
+            self.observer.message(f"{name}: failed: {failure}")
+            return {**entry, **_empty(), "status": f"failed: {failure}"}
+        fewest = fewest_to_confirm(settings.target, confidence=settings.confidence)
+        if fewest is None or fewest > settings.requests:
+            self.observer.message(
+                f"{name}: {settings.requests} requests per probe cannot confirm attainment {settings.target:g} even "
+                f"when every one meets the SLO (at {settings.confidence:g} confidence it takes "
+                + (f"{fewest}" if fewest else "more than 100000") + "): each probe is confirmed only with more "
+                f"requests, up to {settings.max_requests} (raise [capacity] requests to spend fewer probes)")
+        history: list[Probe] = []
+        while not isinstance(step := next_probe(history, settings), Done):
+            spec = serial.at_load(request_rate=step.load) if axis == "request_rate" else \
+                serial.at_load(concurrency=int(step.load))
+            rows, duration_s, reused, error = self._measure(spec, step.n_requests, open_loop=axis == "request_rate")
+            # a probe whose point failed (pushed past the engine's limit on purpose, it died or timed out) met nothing
+            probe = probe_of(rows, load=step.load, slo=self.slo, duration_s=duration_s,
+                             open_loop=axis == "request_rate") if error is None else \
+                Probe(load=step.load, n_requests=step.n_requests, met=0, duration_s=duration_s)
+            if spec not in self.order and spec.point_id not in self.probe_points:
+                self.probe_points.append(spec.point_id)
+            history.append(probe)
+            entry["probes"].append(self._record(spec, probe, rows, settings, history, axis=axis, name=name,
+                                                reused=reused, error=error))
+        outcome = _outcome(history, settings, entry["probes"], axis)
+        errors = [p["error"] for p in entry["probes"]]
+        if errors and all(errors):  # nothing was measured at any load: the search says why rather than a capacity
+            outcome["status"] = f"failed: {errors[-1]}"
+        return {**entry, **outcome}
+
+    def _record(self, spec: PointSpec, probe: Probe, rows: pd.DataFrame | None, settings: SearchSettings,
+                history: list[Probe], *, axis: str, name: str, reused: bool, error: str | None) -> dict[str, Any]:
+        """A probe as capacity.json lists it, its decision and what comes next; told to the observer."""
+        decision = decide(probe, settings)
+        after = next_probe(history, settings)
+        following = (f"next {_load_text(after.load, axis)}" + (f" with {after.n_requests} requests"
+                     if after.n_requests != settings.requests else "")) if not isinstance(after, Done) \
+            else f"done ({after.reason})"
+        more = decision.verdict is None and isinstance(after, Next) and after.load == probe.load
+        label = ("undecided: add requests" if more else decision.label) + (f" (the point failed: {error})" if error
+                                                                         else "")
+        measured = self._summary(spec, rows) if rows is not None else {}
+        relation = ">=" if decision.verdict == "pass" else "<" if decision.verdict == "fail" else "straddles"
+        self.observer.message(
+            f"{name}: {_load_text(probe.load, axis)}: attainment {decision.attainment:.2f} [{decision.ci_low:.2f}, "
+            f"{decision.ci_high:.2f}] of {probe.n_requests} {relation} {settings.target:g}: {label}; {following}"
+            + (" (recorded point reused)" if reused else ""))
+        return {"load": probe.load, "point_id": spec.point_id, "n_requests": probe.n_requests, "met": probe.met,
+                "attainment": decision.attainment, "ci_low": decision.ci_low, "ci_high": decision.ci_high,
+                "decision": label, "next": following, "reused": reused, "duration_s": round(probe.duration_s, 2),
+                "goodput": measured.get("goodput"), "tokens_per_s": measured.get("tokens_per_s"),
+                "usd_per_mtok": measured.get("usd_per_mtok"), "completed_per_s": probe.completed_per_s,
+                "error": error}
+
+    def _name(self, spec: PointSpec) -> str:
+        """The configuration in the terminal's decision lines (with its temperature where the run has several)."""
+        where = f" (temperature {spec.temperature:g}, top_p {spec.top_p:g})" if self._several_temperatures else ""
+        return configuration_label(spec) + where
+
+    def probe_summary(self, point_id: str) -> dict[str, Any]:
+        """A probe's row of points.parquet as plain values ({} when the files do not hold it)."""
+        points, _ = self.files.read()
+        row = points[points["point_id"] == point_id] if points is not None else []
+        return {k: results.plain(v) for k, v in row.iloc[0].to_dict().items()} if len(row) else {}
+
+    def _settings(self, serial: PointSpec, axis: str) -> SearchSettings:
+        spec = self.spec
+        common = dict(target=spec.attainment, confidence=spec.confidence, requests=spec.requests,
+                      max_requests=spec.requests_at_most, max_probes=spec.max_probes, max_time_s=spec.max_time_s,
+                      growth=spec.growth)
+        if axis == "concurrency":
+            return SearchSettings(**common, resolution=spec.resolution or 0.1, relative=True, start=1, lowest=1,
+                                  highest=spec.max_concurrency, integer=True)
+        start = spec.start_rps
+        if start is None:  # the rate the engine serves one request at a time: 1 / mean e2e at concurrency 1
+            rows, _, _, error = self._measure(serial, 1, open_loop=False)
+            if error is not None:
+                raise ProbeFailed(error)
+            start = 1e3 / float(rows["e2e_ms"].mean())
+            self.observer.message(f"{self._name(serial)}: one request at a time takes "
+                                  f"{rows['e2e_ms'].mean() / 1e3:.2f} s: the search starts at {start:.3g} requests/s")
+        return SearchSettings(**common, resolution=spec.resolution_value, relative=spec.relative, start=start,
+                              lowest=spec.lowest_rps or start / 4, highest=spec.highest_rps)
+
+    def _measure(self, spec: PointSpec, n_requests: int, *,
+                 open_loop: bool) -> tuple[pd.DataFrame | None, float, bool, str | None]:
+        """The point's request rows (at least `n_requests` of them): recorded, or measured now and recorded; how
+        long it took, whether it was reused, and why it failed (no rows then)."""
+        with self.files.lock():
+            recorded = self.files.recorded(spec, self.ctx)
+        if recorded is not None and len(recorded) >= n_requests:
+            return recorded, _span_s(recorded), True, None
+        with sending(self.ctx, n_requests, open_loop=open_loop) as sent:
+            self.observer.point_started(spec, sent)
+            started = time.monotonic()
+            run = self.evaluate(spec, self.ctx, observer=self.observer)
+            duration_s = time.monotonic() - started
+        self.files.record(spec, self.ctx, run, order=self.order)
+        if run.error is not None or not run.rows:
+            return None, duration_s, False, f"{spec.point_id}: {run.error or 'no request was measured'}"
+        return pd.DataFrame(run.rows), duration_s, False, None
+
+    def _summary(self, spec: PointSpec, rows: pd.DataFrame) -> dict[str, Any]:
+        """The probe's own goodput, tokens/s and cost, by the same summary points.parquet holds."""
+        table = summary.summarize([spec], rows, failures={}, context={}, slo=self.slo,
+                                  usd_per_hour=self.ctx.profile.cost.usd_per_hour)
+        return {k: results.plain(v) for k, v in table.iloc[0].to_dict().items()} if len(table) else {}
+
+    def _write_manifest(self) -> None:
+        with self.files.lock():
+            data = json.loads(self.files.manifest_path.read_text())
+            data["capacity"] = [{key: entry.get(key) for key in (
+                "configuration", "temperature", "top_p", "axis", "status", "capacity", "bracket_low", "bracket_high")}
+                | {"decisions": [f"{p['load']:g}: {p['n_requests']} requests, {p['met']} met: {p['decision']}; "
+                                 f"{p['next']}" for p in entry["probes"]]} for entry in self.entries]
+            results.write_json_atomic(data, self.files.manifest_path)
+
+
+class ProbeFailed(RuntimeError):
+    """A probe's point failed (the engine did not start, died, or answered nothing)."""
+
+
+@contextmanager
+def sending(ctx: RunContext, n_requests: int, *, open_loop: bool) -> Iterator[int]:
+    """While the session sends a probe: `n_requests` at a request rate ([load] requests), or every prompt as many
+    times as it takes at a concurrency (run.repeats). Yields the requests it will send."""
+    profile = ctx.session.profile
+    if open_loop:
+        changed = profile.model_copy(update={"load": profile.load.model_copy(update={"requests": n_requests})})
+        sent = n_requests
+    else:
+        repeats = max(profile.run.repeats, math.ceil(n_requests / len(ctx.session.prompts)))
+        changed = profile.model_copy(update={"run": profile.run.model_copy(update={"repeats": repeats})})
+        sent = repeats * len(ctx.session.prompts)
+    ctx.session.profile = changed
+    try:
+        yield sent
+    finally:
+        ctx.session.profile = profile
+
+
+def _span_s(rows: pd.DataFrame) -> float:
+    if "start_ms" in rows and rows["start_ms"].notna().all() and len(rows):
+        return float(((rows["start_ms"] + rows["e2e_ms"]).max() - rows["start_ms"].min()) / 1e3)
+    return float(rows["e2e_ms"].sum() / 1e3)
+
+
+def _load_text(load: float, axis: str) -> str:
+    return f"{load:g} requests/s" if axis == "request_rate" else f"concurrency {int(load)}"
+
+
+def _empty() -> dict[str, Any]:
+    return {"capacity": None, "bracket_low": None, "bracket_high": None, "attainment_low": None,
+            "attainment_high": None, "note": None}
+
+
+def _outcome(history: list[Probe], settings: SearchSettings, probes: list[dict], axis: str) -> dict[str, Any]:
+    """The entry's capacity, bracket and attainment at each end, from the probes so far."""
+    if not history:
+        return {**_empty(), "status": "not bracketed: no probe was decided"}
+    outcome = conclude(history, settings, unit="rate" if axis == "request_rate" else "concurrency")
+
+    def attainment(probe: Probe | None) -> list[float] | None:
+        if probe is None:
+            return None
+        decision = decide(probe, settings)
+        return [decision.attainment, decision.ci_low, decision.ci_high]
+
+    last_at = {p["load"]: p for p in probes}  # the decisive probe at a load is its last
+    passing = last_at.get(outcome.passing.load) if outcome.passing else None
+    return {"status": outcome.status, "capacity": outcome.capacity,
+            "bracket_low": outcome.passing.load if outcome.passing else None,
+            "bracket_high": outcome.failing.load if outcome.failing else None,
+            "attainment_low": attainment(outcome.passing), "attainment_high": attainment(outcome.failing),
+            "note": outcome.note, "usd_per_mtok_at_capacity": passing.get("usd_per_mtok") if passing else None}
+
+
+def capacity_document(entries: list[dict[str, Any]], *, slo: dict[str, float], spec, cost_spec) -> dict[str, Any]:
+    """capacity.json: the settings, and per configuration its search with the gain over the baseline's capacity
+    (same temperature, top_p and axis, both found), the cost per million output tokens at capacity and its change,
+    and the replicas the traffic needs."""
+    baselines = {(e["temperature"], e["top_p"], e["axis"]): e for e in entries if e["method"] == "baseline"}
+    configurations = []
+    for entry in entries:
+        baseline = baselines.get((entry["temperature"], entry["top_p"], entry["axis"]))
+        both_found = baseline is not None and entry["status"] == baseline["status"] == "found"
+        usd = entry.get("usd_per_mtok_at_capacity")
+        configurations.append({
+            **entry, "usd_per_mtok_at_capacity": usd,
+            "gain_vs_baseline": cost.change(entry["capacity"], baseline["capacity"]) if both_found else None,
+            # whether the brackets are apart (the gain is measured beyond the search's resolution) or overlap
+            "gain_beyond_brackets": (entry["bracket_low"] >= baseline["bracket_high"]
+                                     or entry["bracket_high"] <= baseline["bracket_low"])
+            if both_found and entry["method"] != "baseline" else None,
+            "usd_per_mtok_change_vs_baseline": cost.change(usd, baseline.get("usd_per_mtok_at_capacity"))
+            if both_found else None,
+            "replicas_for_traffic": cost.replicas_for(cost_spec.traffic_rps, entry["capacity"])
+            if entry["axis"] == "request_rate" and entry["status"] == "found" else None})
+    return {"target_attainment": spec.attainment, "confidence": spec.confidence, "slo": dict(slo),
+            "resolution": spec.resolution_value, "resolution_unit": "relative" if spec.relative else "requests/s",
+            "usd_per_hour": cost_spec.usd_per_hour, "traffic_rps": cost_spec.traffic_rps,
+            "configurations": configurations}

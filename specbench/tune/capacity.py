@@ -1,0 +1,100 @@
+"""`specbench tune --objective capacity`: a trial is one capacity search of its configuration (the search of
+`specbench run`'s [capacity] table, its probes recorded in the tune's run files like every point, the launch reused
+across them), and its value is the capacity in requests/s — 0 where the configuration misses the SLO even at its
+lowest rate, the lower bound where it meets it at the highest rate probed. The baseline's search runs once per
+study; speculation is recommended when the chosen configuration's capacity is measurably higher: its passing probe
+lies at or above the baseline's failing one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from specbench import cost
+from specbench.sweep.capacity import CapacitySearch
+from specbench.sweep.loop import SilentObserver, evaluate_point
+from specbench.tune.evaluate import Evaluator, Live
+from specbench.tune.space import TuneError
+
+BASELINE_ATTR = "capacity_baseline"
+
+
+def capacity_search(evaluator: Evaluator, observer) -> CapacitySearch:
+    if not isinstance(evaluator, Live):
+        raise TuneError("--objective capacity: capacity searches run on the engine; --replay cannot answer them")
+    return CapacitySearch(evaluator.ctx, evaluator.files, _Decisions(observer), order=[], evaluate=evaluate_point)
+
+
+class _Decisions(SilentObserver):
+    """The search's decisions on the tune's terminal; no per-request progress."""
+
+    def __init__(self, observer) -> None:
+        self.observer = observer
+
+    def message(self, text: str) -> None:
+        self.observer.message(text)
+
+
+def search_baseline(study: optuna.Study, spec, search: CapacitySearch) -> dict[str, Any]:
+    """The baseline's capacity at the study's temperature, searched once and kept with the study."""
+    if BASELINE_ATTR not in study.user_attrs:
+        study.set_user_attr(BASELINE_ATTR, _plain(search.search_configuration(spec, "request_rate")))
+    return study.user_attrs[BASELINE_ATTR]
+
+
+def run_capacity_trial(study: optuna.Study, trial: optuna.Trial, spec, *, search: CapacitySearch,
+                       constraints) -> dict[str, Any]:
+    """One configuration's capacity search as a trial: its value the capacity, its figures those of its highest
+    passing probe, the whole search in the trial's `capacity` attr."""
+    entry = _plain(search.search_configuration(spec, "request_rate"))
+    trial.set_user_attr("capacity", entry)
+    trial.set_user_attr("evaluated", any(not p["reused"] for p in entry["probes"]))
+    if entry["status"].startswith("failed"):
+        trial.set_user_attr("error", entry["status"])
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return {"number": trial.number, "point_id": spec.point_id, "state": "FAIL", "error": entry["status"]}
+    value = float(entry["capacity"] or 0.0)
+    passing = next((p for p in reversed(entry["probes"]) if p["load"] == entry["bracket_low"]), None)
+    metrics = {**(search.probe_summary(passing["point_id"]) if passing else {}), "point_id": spec.point_id,
+               "capacity_rps": value}
+    trial.set_user_attr("metrics", metrics)
+    trial.set_user_attr("repeat_values", [value])
+    # capacities closer than the bracket are near-ties (the smaller gamma is then recommended)
+    trial.set_user_attr("noise", float(entry["bracket_high"] - entry["bracket_low"])
+                        if entry["status"] == "found" else 0.0)
+    trial.set_user_attr("constraints", constraints.violations(metrics))
+    study.tell(trial, [value])
+    return {"number": trial.number, "point_id": spec.point_id, "state": "COMPLETE", "value": value, "evaluated": True}
+
+
+def capacity_recommendation(chosen: dict[str, Any] | None, baseline: dict[str, Any] | None, *,
+                            usd_per_hour: float | None, traffic_rps: float | None) -> dict[str, Any] | None:
+    """For recommendation.json: the chosen configuration's capacity and cost beside the baseline's, and whether its
+    capacity is measurably higher (its passing probe at or above the baseline's failing one)."""
+    search = (chosen or {}).get("capacity")
+    if search is None:
+        return None
+    base = baseline or {}
+    both = search["status"] == "found" and base.get("status") == "found"
+    usd, base_usd = search.get("usd_per_mtok_at_capacity"), base.get("usd_per_mtok_at_capacity")
+    return {
+        "capacity_rps": search["capacity"], "bracket": [search["bracket_low"], search["bracket_high"]],
+        "status": search["status"], "baseline_capacity_rps": base.get("capacity"),
+        "baseline_bracket": [base.get("bracket_low"), base.get("bracket_high")], "baseline_status": base.get("status"),
+        "gain_vs_baseline": cost.change(search["capacity"], base.get("capacity")) if both else None,
+        "usd_per_hour": usd_per_hour, "usd_per_mtok_at_capacity": usd, "baseline_usd_per_mtok_at_capacity": base_usd,
+        "usd_per_mtok_change_vs_baseline": cost.change(usd, base_usd) if both else None,
+        "replicas_for_traffic": cost.replicas_for(traffic_rps, search["capacity"]) if search["status"] == "found"
+        else None,
+        "baseline_replicas_for_traffic": cost.replicas_for(traffic_rps, base.get("capacity")) if both else None,
+        "traffic_rps": traffic_rps,
+        "measurably_higher": both and search["bracket_low"] >= base["bracket_high"],
+    }
+
+
+def _plain(entry: dict[str, Any]) -> dict[str, Any]:
+    """JSON-ready, as Optuna stores user attrs."""
+    import json
+
+    return json.loads(json.dumps(entry, default=str))

@@ -1,0 +1,311 @@
+"""`specbench run` with a [capacity] table, on an engine stand-in whose capacity is known (the sweep's backend
+replaced in-process: the real-engine test is tests/test_capacity_vllm.py): every probe a recorded point, the
+decisions in the terminal and the manifest, capacity.json with gains, costs and replicas, the headline, a rerun
+that reuses every probe, the case that cannot bracket (exit 1), a failed probe, and bad input (exit 2, one line,
+nothing written)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import specbench.sweep.context
+from specbench.backends.server import launch_key
+from specbench.backends.server.client import arrival_times
+from specbench.backends.server.measure import request_plan
+from specbench.cli import app
+from specbench.models import load_tokenizer
+from specbench.results import PointSpec
+from specbench.workload_build import build_workload
+
+PROFILE = """
+name = "standin"
+backend = "server"
+[server]
+engine = "openai"
+url = "http://127.0.0.1:9"
+[target]
+model = "builtin:smollm2-135m-instruct"
+[[drafts]]
+name = "ngram"
+method = "ngram"
+[sweep]
+gamma = [3]
+temperature = [0.0]
+[workload]
+prompts = "builtin:mixed"
+max_prompts = 4
+max_new_tokens = 48
+[slo]
+ttft_ms = 1000
+[capacity]
+attainment = 0.8
+requests = 16
+resolution = 0.1
+concurrency = true
+[cost]
+usd_per_hour = 3.6
+traffic_rps = 5
+"""
+
+
+class StandIn:
+    """A serving engine stand-in: a request meets the TTFT SLO (100 ms, else 5 s) exactly when the load is at most
+    the configuration's capacity (`rates` in requests/s, `concurrency` in requests in flight); one request at a
+    time takes 1 s, so the search starts at 1 request/s."""
+
+    name = "server"
+    pins_local_devices = False
+    launch_key = staticmethod(launch_key)
+
+    def __init__(self, rates: dict[str, float], concurrency: dict[str, int], *, broken=lambda spec: False):
+        self.rates, self.concurrency, self.broken = rates, concurrency, broken  # broken(spec): the point fails
+        self.points: list[str] = []  # the points it was asked to run, in order
+        self.sent: list[int] = []
+
+    def open(self, profile, *, observer, out_dir=None):
+        return StandInSession(profile, self)
+
+
+class StandInSession:
+    backend = "server"
+    uses_gpu = False
+    identity = {"target": "stand-in", "backend": "server"}
+
+    def __init__(self, profile, engine: StandIn):
+        self.profile, self.engine = profile, engine
+        tokenizer, _ = load_tokenizer(profile.target.model)
+        self.workload = build_workload(profile.workload, tokenizer, seed=profile.run.seed)
+        self.prompts, self.prompt_tokens = self.workload.prompts, self.workload.prompt_tokens
+
+    def draft_identity(self, spec):
+        return None
+
+    def point_context(self, spec):
+        return {"backend": "server", "target_model": "stand-in", "weight_mb": None}
+
+    def own_pids(self):
+        return [os.getpid()]
+
+    def run_point(self, spec: PointSpec, *, point_key, on_request, after_prompt):
+        self.engine.points.append(spec.point_id)
+        if self.engine.broken(spec):
+            raise RuntimeError("the engine died")
+        plan = request_plan(self, spec)  # as the server backend plans it: [load] requests, or prompts x repeats
+        self.engine.sent.append(len(plan))
+        configuration = spec.point_id.split("-t")[0]  # "ngram-g3" (or "ngram-n2-g3" in a tune), else by draft
+        if spec.open_loop:
+            starts = [s * 1e3 for s in arrival_times(len(plan), request_rate=spec.request_rate, burstiness=1.0,
+                                                     seed=self.profile.run.seed)]
+            meets = spec.request_rate <= self.engine.rates.get(configuration, self.engine.rates.get(spec.draft))
+        else:
+            starts = [1000.0 * (i // spec.concurrency) for i in range(len(plan))]
+            meets = spec.concurrency <= self.engine.concurrency.get(spec.draft, 1)
+        ttft = 100.0 if meets else 5000.0
+        rows = []
+        for (index, prompt, repeat, seed), start in zip(plan, starts):
+            e2e = 1000.0 if spec.concurrency == 1 else ttft + 900.0
+            rows.append({
+                "point_id": spec.point_id, "point_key": point_key, "request_id": f"{prompt.prompt_id}#{repeat}",
+                "prompt_id": prompt.prompt_id, "category": prompt.category, "conversation_id": None, "turn": None,
+                "repeat": repeat, "seed": seed, "prompt_tokens": 20, "output_tokens": 48, "ttft_ms": ttft,
+                "e2e_ms": e2e, "tokens_per_s": 48 / e2e * 1e3, "tpot_ms": (e2e - ttft) / 47, "itl_ms": [],
+                "target_steps": None, "decode_tokens": None, "drafted_tokens": None, "accepted_tokens": None,
+                "rejected_steps": None, "accepted_per_position": [], "drafted_per_position": None, "draft_ms": None,
+                "verify_ms": None, "peak_memory_growth_mb": None,
+                "output_sha": hashlib.sha256(prompt.prompt_id.encode()).hexdigest()[:16], "output_ids": None,
+                "top2_gap": None, "start_ms": start})
+            on_request()
+        return rows
+
+    def point_measurements(self):
+        return {}
+
+    def verify_costs(self, max_tokens):
+        return ()
+
+    def describe(self):
+        return {"models": {}, "environment": {}}
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "standin.toml").write_text(PROFILE)
+    return tmp_path
+
+
+def run(monkeypatch, engine: StandIn, *args: str):
+    monkeypatch.setattr(specbench.sweep.context, "get_backend", lambda name: engine)
+    return CliRunner().invoke(app, ["run", "standin.toml", "--out", "out", *args])
+
+
+def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_probe_recorded(folder, monkeypatch):
+    engine = StandIn({"baseline": 1.3, "ngram": 1.7}, {"baseline": 3, "ngram": 5})
+    result = run(monkeypatch, engine)
+    assert result.exit_code == 0, result.output
+    document = json.loads((folder / "out" / "capacity.json").read_text())
+    assert document["target_attainment"] == 0.8 and document["slo"] == {"ttft_ms": 1000.0}
+    assert (document["usd_per_hour"], document["traffic_rps"], document["resolution"]) == (3.6, 5.0, 0.1)
+    found = {(e["configuration"], e["axis"]): e for e in document["configurations"]}
+    assert list(found) == [("baseline", "request_rate"), ("baseline", "concurrency"), ("ngram γ3", "request_rate"),
+                           ("ngram γ3", "concurrency")]
+    baseline, ngram = found["baseline", "request_rate"], found["ngram γ3", "request_rate"]
+    for entry, truth in ((baseline, 1.3), (ngram, 1.7)):
+        assert entry["status"] == "found"
+        assert entry["bracket_low"] <= truth < entry["bracket_high"] <= entry["bracket_low"] * 1.1
+        assert entry["capacity"] == entry["bracket_low"] and entry["attainment_low"][0] == 1.0
+        assert entry["attainment_high"][0] == 0.0 and entry["attainment_high"][2] < 0.8
+        assert entry["replicas_for_traffic"] == -(-5 // entry["capacity"])
+    assert [p["load"] for p in baseline["probes"]] == [1.0, 2.0, 1.41, 1.19, 1.3]
+    assert [p["decision"] for p in baseline["probes"]] == ["pass", "fail", "fail", "pass", "pass"]
+    assert ngram["gain_vs_baseline"] == pytest.approx(ngram["capacity"] / baseline["capacity"] - 1)
+    assert ngram["gain_beyond_brackets"] is True and baseline["gain_beyond_brackets"] is None  # [1.68, ..] > [.., 1.41]
+    assert (found["baseline", "concurrency"]["capacity"], found["ngram γ3", "concurrency"]["capacity"]) == (3, 5)
+    assert found["ngram γ3", "concurrency"]["gain_vs_baseline"] == pytest.approx(5 / 3 - 1)
+
+    points = pd.read_parquet(folder / "out" / "points.parquet").set_index("point_id")
+    for entry in (baseline, ngram):  # every probe is a recorded rate point with the same figures
+        for probe in entry["probes"]:
+            row = points.loc[probe["point_id"]]
+            assert row["request_rate"] == probe["load"] and row["n_requests"] == probe["n_requests"] == 16
+            assert row["goodput"] == pytest.approx(probe["goodput"])
+            assert row["usd_per_mtok"] == pytest.approx(3.6 / (3600 * row["tokens_per_s"]) * 1e6)
+        top = points.loc[entry["probes"][[p["load"] for p in entry["probes"]].index(entry["capacity"])]["point_id"]]
+        assert entry["usd_per_mtok_at_capacity"] == pytest.approx(top["usd_per_mtok"])
+    assert "ngram-g3-t0-p1-r1.68" in points.index and "baseline-t0-p1-c4" in points.index
+    assert ngram["usd_per_mtok_change_vs_baseline"] == pytest.approx(
+        ngram["usd_per_mtok_at_capacity"] / baseline["usd_per_mtok_at_capacity"] - 1)
+
+    manifest = json.loads((folder / "out" / "manifest.json").read_text())
+    assert manifest["capacity"][0]["decisions"][0] == "1: 16 requests, 16 met: pass; next 2 requests/s"
+    assert "baseline: 1 requests/s: attainment 1.00 [0.81, 1.00] of 16 >= 0.8: pass; next 2 requests/s" in result.output
+    assert (f"ngram γ3 holds the SLO up to {ngram['capacity']:g} requests/s [{ngram['bracket_low']:g}, "
+            f"{ngram['bracket_high']:g}] against the baseline's 1.3: {ngram['gain_vs_baseline']:+.0%}, $") in result.output
+    assert "per 1M output tokens" in result.output and "replicas for 5 requests/s" in result.output
+
+    engine.points.clear()  # the same search again: every probe is reused from the files, nothing runs
+    again = run(monkeypatch, engine)
+    assert again.exit_code == 0, again.output
+    assert engine.points == [] and "(recorded point reused)" in again.output
+    assert json.loads((folder / "out" / "capacity.json").read_text())["configurations"] == [
+        {**e, "probes": [{**p, "reused": True, "duration_s": pytest.approx(p["duration_s"], abs=60)} for p in e["probes"]]}
+        for e in document["configurations"]]
+
+
+def test_a_straddling_bracket_end_is_sent_again_with_twice_the_requests(folder, monkeypatch):
+    (folder / "standin.toml").write_text(PROFILE.replace("attainment = 0.8", "attainment = 0.9")
+                                         .replace("concurrency = true", "max_requests = 32"))
+    engine = StandIn({"baseline": 1.3, "ngram": 1.7}, {})
+    result = run(monkeypatch, engine)
+    assert result.exit_code == 0, result.output
+    document = json.loads((folder / "out" / "capacity.json").read_text())
+    probes = document["configurations"][0]["probes"]
+    # 16 of 16 is [0.81, 1.00]: it straddles 0.9 and leans pass; once the bracket is [1.3, 1.41], 1.3 is sent again
+    # with 32 requests: [0.89, 1.00] still straddles, at the most requests: its point estimate decides
+    assert [(p["load"], p["n_requests"], p["decision"]) for p in probes] == [
+        (1.0, 16, "undecided (leans pass)"), (2.0, 16, "fail"), (1.41, 16, "fail"),
+        (1.19, 16, "undecided (leans pass)"), (1.3, 16, "undecided: add requests"),
+        (1.3, 32, "pass (point estimate: the interval still straddles the target at 32 requests)")]
+    assert engine.sent[:7] == [4, 16, 16, 16, 16, 16, 32]  # the serial point (every prompt once), then the probes
+    points = pd.read_parquet(folder / "out" / "points.parquet").set_index("point_id")
+    assert points.loc["baseline-t0-p1-r1.3", "n_requests"] == 32  # the larger sample replaced the smaller
+    entry = document["configurations"][0]
+    assert (entry["capacity"], entry["bracket_high"], entry["note"]) == (1.3, 1.41, None)
+    assert entry["attainment_low"][:2] == [1.0, pytest.approx(32 / (32 + 1.959964**2))]
+
+
+def test_a_configuration_that_misses_the_slo_at_its_lowest_rate_is_recorded_and_exits_1(folder, monkeypatch):
+    engine = StandIn({"baseline": 1.3, "ngram": 0.0}, {"baseline": 3, "ngram": 0})
+    result = run(monkeypatch, engine)
+    assert result.exit_code == 1, result.output
+    found = {(e["configuration"], e["axis"]): e
+             for e in json.loads((folder / "out" / "capacity.json").read_text())["configurations"]}
+    entry = found["ngram γ3", "request_rate"]
+    assert entry["status"] == "not bracketed: misses the SLO at its lowest rate 0.25"
+    assert [p["load"] for p in entry["probes"]] == [1.0, 0.5, 0.25]
+    assert entry["capacity"] is None and entry["gain_vs_baseline"] is None and entry["bracket_high"] == 0.25
+    assert found["ngram γ3", "concurrency"]["status"] == "not bracketed: misses the SLO at its lowest concurrency 1"
+    assert found["baseline", "request_rate"]["status"] == "found"
+    assert "ngram γ3 (request rate): not bracketed: misses the SLO at its lowest rate 0.25" in result.output
+
+
+def test_a_probe_whose_point_fails_is_a_failing_probe_and_a_search_with_nothing_measured_fails(folder, monkeypatch):
+    engine = StandIn({"baseline": 1.3, "ngram": 1.7}, {"baseline": 3, "ngram": 5},
+                     broken=lambda spec: spec.open_loop and (spec.request_rate == 2.0 or spec.draft == "ngram"))
+    result = run(monkeypatch, engine)
+    assert result.exit_code == 1, result.output
+    entries = {(e["configuration"], e["axis"]): e
+               for e in json.loads((folder / "out" / "capacity.json").read_text())["configurations"]}
+    baseline = entries["baseline", "request_rate"]
+    assert baseline["status"] == "found" and baseline["bracket_low"] <= 1.3 < baseline["bracket_high"]
+    at_2 = baseline["probes"][1]
+    assert (at_2["load"], at_2["n_requests"], at_2["met"], at_2["error"]) == (
+        2.0, 16, 0, "baseline-t0-p1-r2: RuntimeError: the engine died")
+    assert at_2["decision"] == "fail (the point failed: baseline-t0-p1-r2: RuntimeError: the engine died)"
+    ngram = entries["ngram γ3", "request_rate"]  # every rate probe of n-gram failed: nothing measured, no capacity
+    assert [(p["load"], p["met"]) for p in ngram["probes"]] == [(1.0, 0), (0.5, 0), (0.25, 0)]
+    assert ngram["status"] == "failed: ngram-g3-t0-p1-r0.25: RuntimeError: the engine died"
+    assert entries["ngram γ3", "concurrency"]["status"] == "found"  # its closed-loop points ran
+    assert "baseline: 2 requests/s: attainment 0.00 [0.00, 0.19] of 16 < 0.8: fail (the point failed" in result.output
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda p: p.replace("[slo]\nttft_ms = 1000\n", ""),
+     "slo: a capacity search needs an SLO to hold: add an [slo] table (ttft_ms, tpot_ms and/or e2e_ms)"),
+    (lambda p: p.replace("attainment = 0.8", "attainment = 0.0"), "capacity.attainment: must be a number in (0, 1] (got 0.0)"),
+    (lambda p: p.replace("attainment = 0.8", "attainment = 1.5"), "capacity.attainment: must be a number in (0, 1] (got 1.5)"),
+    (lambda p: p.replace("usd_per_hour = 3.6", "usd_per_hour = -1.0"), "cost.usd_per_hour: must be a number > 0 (got -1.0)"),
+    (lambda p: p.replace("usd_per_hour = 3.6", "usd_per_hour = 0"), "cost.usd_per_hour: must be a number > 0 (got 0.0)"),
+    (lambda p: p.replace('backend = "server"', 'backend = "native"').split("[server]")[0] + "[target]"
+     + p.split("[target]")[1],
+     'capacity: a capacity search sends requests at rates to a serving engine: set backend = "server" (backend '
+     '"native" runs one request at a time), or remove [capacity]'),
+    (lambda p: p.replace("resolution = 0.1", "resolution = 0.1\nresolution_rps = 0.2"),
+     "capacity.resolution_rps: give one of resolution (relative, e.g. 0.1) and resolution_rps (requests/s), not both"),
+])
+def test_bad_capacity_or_cost_input_is_one_line_exit_2_and_nothing_written(folder, edit, message):
+    (folder / "bad.toml").write_text(edit(PROFILE))
+    result = CliRunner().invoke(app, ["run", "bad.toml", "--out", "out"])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: bad.toml: {message}"
+    assert not (folder / "out").exists()
+
+
+def test_a_price_from_the_command_line_is_checked_like_the_profiles(folder):
+    result = CliRunner().invoke(app, ["run", "standin.toml", "--out", "out", "--usd-per-hour", "0"])
+    assert result.exit_code == 2 and result.output.strip() == "error: standin.toml: cost.usd_per_hour: must be a number > 0 (got 0.0)"
+    result = CliRunner().invoke(app, ["run", "standin.toml", "--out", "out", "--workers", "2"])
+    assert result.exit_code == 2 and "capacity: a capacity search decides each probe from the last, in one process" in result.output
+    assert not (folder / "out").exists()
+
+
+def test_the_headline_says_when_a_gain_lies_within_the_brackets():
+    from specbench.render import capacity_lines
+
+    def entry(name, method, low, high, beyond=None, gain=None):
+        return {"configuration": name, "method": method, "axis": "request_rate", "temperature": 0.0, "top_p": 1.0,
+                "status": "found", "capacity": low, "bracket_low": low, "bracket_high": high, "gain_vs_baseline": gain,
+                "gain_beyond_brackets": beyond, "usd_per_mtok_at_capacity": 0.58 if method == "baseline" else 0.547,
+                "usd_per_mtok_change_vs_baseline": None if method == "baseline" else -0.057,
+                "replicas_for_traffic": 8, "note": None}
+
+    document = {"target_attainment": 0.9, "slo": {"ttft_ms": 1000.0, "tpot_ms": 100.0}, "traffic_rps": 10.0,
+                "configurations": [entry("baseline", "baseline", 1.32, 1.44),
+                                   entry("ngram γ3", "ngram", 1.4, 1.54, beyond=False, gain=0.0606)]}
+    assert capacity_lines(document) == [
+        "capacity: the highest load at which 90% of requests meet ttft_ms <= 1000, tpot_ms <= 100 [bracket: highest "
+        "passing probe, lowest failing one]",
+        "temperature 0",
+        "  baseline holds the SLO up to 1.32 requests/s [1.32, 1.44]: $0.58 per 1M output tokens at capacity; 8 "
+        "replicas for 10 requests/s",
+        "  ngram γ3 holds the SLO up to 1.4 requests/s [1.4, 1.54] against the baseline's 1.32: +6% (within the "
+        "brackets: not measurably different), $0.58 → $0.547 per 1M output tokens (-6%); 8 replicas for 10 requests/s"]

@@ -1,0 +1,73 @@
+"""`specbench tune --objective capacity` on the engine stand-in of tests/test_capacity_run.py (its capacity per
+configuration known): a trial is one capacity search, the best capacity is recommended with its gain and cost over
+the baseline's, and bad input is one line."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import specbench.sweep.context
+from specbench.cli import app
+from test_capacity_run import PROFILE, StandIn
+
+
+def test_a_capacity_tune_recommends_the_configuration_that_holds_the_slo_at_the_most_requests(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "standin.toml").write_text(PROFILE.replace("concurrency = true\n", ""))
+    engine = StandIn({"baseline": 1.3, "ngram-n1-g3": 1.1, "ngram-n2-g3": 1.7, "ngram-n3-g3": 1.5}, {})
+    monkeypatch.setattr(specbench.sweep.context, "get_backend", lambda name: engine)
+    result = CliRunner().invoke(app, ["tune", "standin.toml", "--objective", "capacity", "--trials", "3",
+                                      "--out", "tuned", "--no-verify"])
+    assert result.exit_code == 0, result.output
+    recommendation = json.loads((tmp_path / "tuned" / "recommendation.json").read_text())
+    choice, = recommendation["temperatures"]
+    assert recommendation["objective"]["name"] == "capacity" and choice["speculate"]
+    assert choice["point_id"] == "ngram-n2-g3-t0-p1" and choice["ngram_max"] == 2
+    capacity = choice["capacity"]
+    assert capacity["status"] == capacity["baseline_status"] == "found"
+    assert capacity["bracket"][0] <= 1.7 < capacity["bracket"][1] and capacity["capacity_rps"] == choice["objective_value"]
+    assert capacity["baseline_bracket"][0] <= 1.3 < capacity["baseline_bracket"][1]
+    assert capacity["gain_vs_baseline"] == pytest.approx(capacity["capacity_rps"] / capacity["baseline_capacity_rps"] - 1)
+    assert capacity["measurably_higher"] and capacity["replicas_for_traffic"] == 3 and capacity["traffic_rps"] == 5.0
+    assert capacity["usd_per_mtok_change_vs_baseline"] == pytest.approx(
+        capacity["usd_per_mtok_at_capacity"] / capacity["baseline_usd_per_mtok_at_capacity"] - 1)
+    trials = pd.read_parquet(tmp_path / "tuned" / "trials.parquet")
+    assert dict(zip(trials["point_id"], trials["value"])) == {  # each the highest passing probe of its search
+        "ngram-n3-g3-t0-p1": 1.41, "ngram-n2-g3-t0-p1": 1.68, "ngram-n1-g3-t0-p1": 1.09}
+    assert list(trials["noise"].round(2)) == [0.13, 0.15, 0.10]  # the bracket's width: near-ties within it
+    assert choice["usd_per_mtok"] == capacity["usd_per_mtok_at_capacity"]
+    points = pd.read_parquet(tmp_path / "tuned" / "points.parquet")
+    assert {"ngram-n2-g3-t0-p1-r1.68", "baseline-t0-p1-r1.3"} <= set(points["point_id"])  # every probe recorded
+
+
+def test_a_capacity_tune_needs_a_capacity_table(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "standin.toml").write_text(PROFILE.split("[capacity]")[0])
+    result = CliRunner().invoke(app, ["tune", "standin.toml", "--objective", "capacity", "--out", "tuned"])
+    assert result.exit_code == 2
+    assert result.output.strip() == ("error: --objective capacity: standin.toml has no [capacity] table: a trial is one "
+                                     "capacity search (add [capacity], with an [slo])")
+    assert not (tmp_path / "tuned").exists()
+
+
+def test_the_recommendation_panel_says_the_capacity_and_cost_beside_the_baselines():
+    from rich.console import Console
+
+    from specbench.tune.render import recommendation_panel
+
+    capacity = {"capacity_rps": 1.68, "bracket": [1.68, 1.83], "status": "found", "baseline_capacity_rps": 1.3,
+                "baseline_bracket": [1.3, 1.41], "baseline_status": "found", "gain_vs_baseline": 0.2923,
+                "usd_per_mtok_at_capacity": 12.93, "baseline_usd_per_mtok_at_capacity": 16.33,
+                "replicas_for_traffic": 3, "baseline_replicas_for_traffic": 4, "traffic_rps": 5.0}
+    choice = {"temperature": 0.0, "top_p": 1.0, "speculate": True, "point_id": "ngram-n2-g3-t0-p1", "speedup": None,
+              "speedup_ci": [None, None], "tokens_per_s": 77.4, "acceptance_rate": None, "peak_memory_mb": None,
+              "engine_settings": {"vllm": {"args": []}, "llama_cpp": {}}, "capacity": capacity, "evaluations": 3,
+              "trials": 3}
+    console = Console(width=200, record=True)
+    console.print(recommendation_panel({"temperatures": [choice], "space_size": 3, "objective": {"name": "capacity"}}))
+    assert ("capacity 1.68 requests/s [1.68, 1.83] against the baseline's 1.3 [1.3, 1.41]: +29%; $16.3 → $12.9 per 1M "
+            "output tokens; 3 replicas for 5 requests/s (baseline 4)") in console.export_text()
