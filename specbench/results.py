@@ -238,6 +238,8 @@ _POINT_COLUMNS = [
     "usd_per_mtok",
     # added with failed requests (kept as rows with an error) and the open-loop client's send lateness
     "failed_requests", "request_errors", "send_lateness_ms_p99",
+    # added with predictions across gamma: the speedup this point's draft at its largest gamma predicts for it
+    "max_gamma_predicted_speedup",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {

@@ -5,14 +5,14 @@ timing. Recomputed every time points.parquet is written."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from specbench import contention, cost, stats
+from specbench import contention, cost, extrapolate, stats
 from specbench.decoding import first_divergence
 from specbench.results import POINT_COLUMNS, POINT_DTYPES, PointSpec
 
@@ -23,14 +23,17 @@ NEAR_TIE_GAP = 0.1  # logits: a greedy divergence this close is a near-tie (bf16
 
 def summarize(specs: list[PointSpec], requests: pd.DataFrame, *, failures: dict[str, str],
               context: dict[str, dict[str, Any]], slo: Mapping[str, float] | None = None,
-              usd_per_hour: float | None = None) -> pd.DataFrame:
+              usd_per_hour: float | None = None, verify_ms_by_tokens: Sequence[float] = ()) -> pd.DataFrame:
     """One row per point that has requests or a failure. `context[point_id]` adds constant columns
     (backend, models, weight_mb, point_key, how quiet the machine was, the engine's own counters); `slo`
     ({"ttft_ms": 500, ...}: a request meets it when each value is at most its limit) gives goodput; the price of
-    a replica-hour, what a million output tokens cost at the point's throughput."""
+    a replica-hour, what a million output tokens cost at the point's throughput; `verify_ms_by_tokens` (the target's
+    forward pass timed at k = 1.. tokens) the verify costs of the speedup each point's draft predicts for it from
+    its largest gamma."""
     rows = []
     sent = {point_id: group for point_id, group in requests.groupby("point_id", sort=False)} if len(requests) else {}
     by_point = {point_id: _measured(group) for point_id, group in sent.items()}  # failed requests apart
+    from_largest = extrapolate.from_largest_gamma(specs, by_point, verify_ms_by_tokens=verify_ms_by_tokens)
     for spec in specs:
         if spec.point_id not in by_point and spec.point_id not in failures:
             continue
@@ -46,6 +49,7 @@ def summarize(specs: list[PointSpec], requests: pd.DataFrame, *, failures: dict[
                    **_load(point, sent[spec.point_id], spec, slo or {}), **_spreads(point, spec))
         row.update(_stability(row, context.get(spec.baseline_id, {}), baseline, spec))
         row["usd_per_mtok"] = cost.usd_per_mtok(usd_per_hour, row["tokens_per_s"])
+        row["max_gamma_predicted_speedup"] = from_largest.get(spec.point_id)
         rows.append(row)
     frame = pd.DataFrame(rows, columns=list(POINT_COLUMNS))
     return frame.astype(POINT_DTYPES)

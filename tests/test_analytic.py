@@ -119,3 +119,40 @@ def test_a_recorded_ngram_point_is_predicted_within_5_percent_where_the_gamma_al
                                            verify_s=prediction.verify_ms_per_step,
                                            target_s_per_token=prediction.target_ms_per_token)
     assert gamma_always > 1.35 * measured
+
+
+NGRAM_G2 = PointSpec("ngram-g2-t0-p1", "ngram", "ngram", 2, 0.0, 1.0, ngram_min=1, ngram_max=3)
+OTHER_G2 = PointSpec("other-g2-t0-p1", "ngram", "other", 2, 0.0, 1.0, ngram_min=1, ngram_max=3)
+
+
+def test_each_point_gets_the_speedup_its_drafts_largest_gamma_predicts_for_it():
+    largest = rows(NGRAM, [trace([(0, 0), (4, 2), (0, 0), (4, 4)] * 5, draft_ms=1.0, verify_ms=12.0, ttft_ms=50.0)])
+    small = rows(NGRAM_G2, [trace([(0, 0), (2, 2)] * 10, draft_ms=1.0, verify_ms=11.5, ttft_ms=50.0, gamma=2)])
+    other = rows(OTHER_G2, [trace([(2, 1)] * 10, draft_ms=1.0, verify_ms=11.5, ttft_ms=50.0, gamma=2)])
+    baseline = rows(BASELINE, [trace([(0, 0)] * 49, draft_ms=0.0, verify_ms=10.0, ttft_ms=40.0, gamma=1)])
+    curve = (10.0, 11.0, 11.5, 11.8, 12.0)
+    specs = [BASELINE, NGRAM, NGRAM_G2, OTHER_G2]
+    points = summary.summarize(specs, pd.concat([baseline, largest, small, other]), failures={}, context={},
+                               verify_ms_by_tokens=curve).set_index("point_id")
+    calibration = calibrate(largest, baseline, gamma=4, verify_ms_by_tokens=curve)
+    # gamma 2 from gamma 4's counts and the timed verify curve, not from gamma 2's own steps
+    assert points.loc[NGRAM_G2.point_id, "max_gamma_predicted_speedup"] == pytest.approx(predicted_speedup(calibration, 2))
+    assert points.loc[NGRAM_G2.point_id, "max_gamma_predicted_speedup"] != pytest.approx(
+        points.loc[NGRAM_G2.point_id, "predicted_speedup"])
+    # the largest restates itself; another draft's only gamma is its own largest; the baseline has none
+    assert points.loc[NGRAM.point_id, "max_gamma_predicted_speedup"] == pytest.approx(predicted_speedup(calibration, 4))
+    assert points.loc[OTHER_G2.point_id, "max_gamma_predicted_speedup"] == pytest.approx(
+        points.loc[OTHER_G2.point_id, "predicted_speedup"], rel=0.05)
+    assert pd.isna(points.loc[BASELINE.point_id, "max_gamma_predicted_speedup"])
+    # without the timing (hf, a replay): the verify cost is interpolated between one token and the largest step
+    untimed = summary.summarize(specs, pd.concat([baseline, largest, small, other]), failures={}, context={})
+    assert untimed.set_index("point_id").loc[NGRAM_G2.point_id, "max_gamma_predicted_speedup"] == pytest.approx(
+        predicted_speedup(calibrate(largest, baseline, gamma=4), 2))
+
+
+def test_no_prediction_across_gamma_from_a_point_that_records_no_steps():
+    server = rows(NGRAM, [trace([(4, 2)] * 5, draft_ms=1.0, verify_ms=12.0, ttft_ms=50.0)])
+    server["target_steps"], server["drafted_tokens"] = None, None
+    baseline = rows(BASELINE, [trace([(0, 0)] * 9, draft_ms=0.0, verify_ms=10.0, ttft_ms=40.0, gamma=1)])
+    points = summary.summarize([BASELINE, NGRAM], pd.concat([baseline, server]), failures={}, context={})
+    assert points["max_gamma_predicted_speedup"].isna().all()

@@ -436,3 +436,22 @@ def test_report_command_bad_input_is_one_line_and_exit_2(run_a, args, message):
     result = report_cli(*(arg.format(run=run_a) for arg in args))
     assert result.exit_code == 2
     assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_each_gamma_is_shown_beside_what_its_drafts_largest_gamma_predicts(tiny_results):
+    points = pd.read_parquet(tiny_results / "tiny" / "points.parquet")
+    drafted = points[points["method"] != "baseline"]
+    assert drafted["max_gamma_predicted_speedup"].notna().all()  # the native backend records steps and costs
+    manifest = json.loads((tiny_results / "tiny" / "manifest.json").read_text())
+    assert len(manifest["verify_ms_by_tokens"]) == drafted["gamma"].max() + 1  # timed once, for the largest gamma
+
+    result = report_cli(tiny_results / "tiny", "--format", "json")
+    assert result.exit_code == 0, result.output
+    rows = pd.DataFrame(json.loads(result.stdout)["across_gamma"])
+    expected = drafted.set_index(["draft", "temperature", "gamma"])
+    for row in rows.to_dict("records"):
+        point = expected.loc[(row["draft"], row["temperature"], row["gamma"])]
+        assert row["max_gamma_predicted_speedup"] == pytest.approx(point["max_gamma_predicted_speedup"])
+        assert row["error"] == pytest.approx(point["max_gamma_predicted_speedup"] / point["speedup"] - 1)
+    markdown = report_cli(tiny_results / "tiny", "--format", "md").stdout
+    assert "### Predicted from the largest gamma" in markdown and "from the largest gamma" in markdown

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.report import load_tables, tables
+from specbench.report import load_tables, predictions, tables
 from specbench.report.capacity import CapacityReport, capacity_report
 from specbench.report.load import Run, Skipped, load_runs
 from specbench.report.trials import StudyReport, study_reports
@@ -28,6 +28,8 @@ class RunReport:
     studies: list[StudyReport] = field(default_factory=list)  # a tune's studies (empty for a plain sweep)
     workload: WorkloadReport | None = None  # what the run sent (None when the folder records nothing of it)
     capacity: CapacityReport | None = None  # the run's capacity.json (None when it has none)
+    # predictions.across_gamma: each gamma's speedup as its draft's largest gamma predicts it, beside the measured
+    across_gamma: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=predictions.COLUMNS))
 
     @property
     def failed(self) -> pd.DataFrame:
@@ -103,6 +105,7 @@ def build_report(paths: list[str | Path], *, filters: list[str] = (), sort: str 
             studies=study_reports(run.tune, parsed) if run.tune is not None else [],
             workload=workload_report(run.manifest, run.points, run.requests),
             capacity=capacity_report(run.capacity, parsed) if run.capacity is not None else None,
+            across_gamma=predictions.across_gamma(points),
         ))
     comparison = None
     if len(reports) == 2:

@@ -7,7 +7,8 @@ from html import escape
 
 import pandas as pd
 
-from specbench.report import capacity, figures, load_plots, load_tables, plots, schedule, tables, trials, workload
+from specbench.report import (capacity, figures, load_plots, load_tables, plots, predictions, schedule, tables, trials,
+                              workload)
 from specbench.report.build import Report, RunReport
 from specbench.report.text import (display_comparison, display_matrix, mismatch_warning, options_line, unstable_lines,
                                    unstable_warning)
@@ -109,6 +110,10 @@ def _run_section(run_report: RunReport) -> list[str]:
         section.append("</ul>")
     if run_report.workload is not None:
         section += _workload_section(run_report.workload)
+    if len(run_report.across_gamma):
+        section += ["<h3>Predicted from the largest gamma</h3>",
+                    f"<p>{escape(predictions.caption(run_report.across_gamma))}</p>",
+                    _table(predictions.display(run_report.across_gamma))]
     matrix = tables.category_matrix(run_report.categories)
     if len(matrix):
         section += ["<h3>Speedup per workload category</h3>", _table(display_matrix(matrix))]

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from specbench.contention import ADVICE
-from specbench.report import capacity, load_tables, schedule, tables, trials, workload
+from specbench.report import capacity, load_tables, predictions, schedule, tables, trials, workload
 from specbench.report.build import Report, RunReport
 from specbench.summary import mismatch_warning
 
@@ -79,6 +79,9 @@ def _run_markdown(run_report: RunReport) -> list[str]:
         lines += [f"> **{warning}.**", ">"] + [f"> - {_cell(line)}" for line in unstable_lines(run_report)] + [""]
     if run_report.workload is not None:
         lines += _workload_markdown(run_report.workload)
+    if len(run_report.across_gamma):
+        lines += ["### Predicted from the largest gamma", "", predictions.caption(run_report.across_gamma), ""]
+        lines += markdown_table(predictions.display(run_report.across_gamma)) + [""]
     matrix = tables.category_matrix(run_report.categories)
     if len(matrix):
         lines += ["### Speedup per workload category", ""]
@@ -231,6 +234,9 @@ def to_json(report: Report) -> str:
         "tune": [_study_json(r.run.name, study) for r in report.runs for study in r.studies],
         "skipped": [{"path": str(s.path), "reason": s.reason} for s in report.skipped],
     }
+    if any(len(r.across_gamma) for r in report.runs):
+        document["across_gamma"] = _records(pd.concat([r.across_gamma.assign(run=r.run.name) for r in report.runs
+                                                       if len(r.across_gamma)], ignore_index=True))
     if any(r.capacity is not None for r in report.runs):  # without capacity.json, nothing changes
         document["capacity"] = [_capacity_json(r.run.name, r.capacity) for r in report.runs if r.capacity is not None]
     return json.dumps(document, indent=2) + "\n"

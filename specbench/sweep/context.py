@@ -3,7 +3,7 @@ recorded measurements can be reused."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,27 @@ class RunContext:
     backend: Backend
     session: Session
     run_key: str  # the target, workload and run settings: a folder holds measurements of one run key
+    _verify_ms_by_tokens: tuple[float, ...] | None = field(default=None, init=False, repr=False)
+
+    def verify_ms_by_tokens(self) -> tuple[float, ...]:
+        """The target's forward pass timed at k = 1..the largest gamma + 1 tokens, once per run (a few seconds, before
+        the first point): the verify costs with which each point's draft at its largest gamma predicts the point's
+        speedup. Empty where the backend cannot time it (hf, server) or nothing is drafted."""
+        if self._verify_ms_by_tokens is None:
+            needed = self._verify_tokens_needed()
+            self._verify_ms_by_tokens = tuple(self.session.verify_costs(needed)) if needed else ()
+        return self._verify_ms_by_tokens
+
+    def reuse_verify_ms_by_tokens(self, recorded: list[float] | None) -> None:
+        """Take the timing an earlier run of this folder recorded (a resumed run's predictions stay as they were),
+        where it covers this run's largest gamma."""
+        needed = self._verify_tokens_needed()
+        if needed and recorded and len(recorded) >= needed:
+            self._verify_ms_by_tokens = tuple(float(v) for v in recorded[:needed])
+
+    def _verify_tokens_needed(self) -> int:
+        gammas = [g for g in self.profile.sweep.gamma if g] if self.profile.drafts else []
+        return max(gammas) + 1 if gammas and self.profile.backend == "native" else 0
 
     def point_key(self, spec: PointSpec) -> str:
         """What makes a point's measurements reusable: the run's configuration, the point, its draft's identity."""

@@ -63,10 +63,13 @@ class RunFiles:
         with self.lock():
             keys = {spec.point_id: ctx.point_key(spec) for spec in planned}
             requests, context, earlier = _resume(self.out_dir, ctx.run_key, keys, fresh=fresh)
+            if len(requests):  # the points it resumes were predicted with its verify timing: keep it
+                ctx.reuse_verify_ms_by_tokens(_recorded(self.manifest_path).get("verify_ms_by_tokens"))
             if not len(requests):
                 (self.out_dir / results.REQUESTS_FILE).unlink(missing_ok=True)
             _write(self.out_dir, planned + earlier, requests, {}, context, slo=ctx.profile.slo.limits(),
-                   usd_per_hour=ctx.profile.cost.usd_per_hour)
+                   usd_per_hour=ctx.profile.cost.usd_per_hour,
+                   verify_ms_by_tokens=ctx.verify_ms_by_tokens())
             started = _previous_start(self.manifest_path, fresh)
             results.write_json_atomic(manifest(ctx, started=started), self.manifest_path)
         return earlier
@@ -102,7 +105,8 @@ class RunFiles:
             ordered = [s for s in order if s.point_id in {x.point_id for x in specs}]
             specs = ordered + [s for s in specs if s.point_id not in {x.point_id for x in ordered}]
             return _write(self.out_dir, specs, requests.reset_index(drop=True), failures, context,
-                          slo=ctx.profile.slo.limits(), usd_per_hour=ctx.profile.cost.usd_per_hour)
+                          slo=ctx.profile.slo.limits(), usd_per_hour=ctx.profile.cost.usd_per_hour,
+                   verify_ms_by_tokens=ctx.verify_ms_by_tokens())
 
     def finish(self, points: pd.DataFrame, ctx: RunContext | None = None) -> dict[str, Any]:
         """Mark the manifest finished (with what a server backend launched meanwhile); returns it."""
@@ -173,12 +177,12 @@ def _resume(out_dir: Path, run_key: str, keys: dict[str, str], *, fresh: bool):
 
 def _write(out_dir: Path, specs: list[PointSpec], requests: pd.DataFrame, failures: dict[str, str],
            context: dict[str, dict[str, Any]], *, slo: dict[str, float],
-           usd_per_hour: float | None = None) -> pd.DataFrame:
+           usd_per_hour: float | None = None, verify_ms_by_tokens: tuple[float, ...] = ()) -> pd.DataFrame:
     """requests first, then points: a point counts as done only once both hold it."""
     if len(requests):
         results.write_parquet_atomic(requests, out_dir / results.REQUESTS_FILE)
     points = summary.summarize(specs, requests, failures=failures, context=context, slo=slo,
-                               usd_per_hour=usd_per_hour)
+                               usd_per_hour=usd_per_hour, verify_ms_by_tokens=verify_ms_by_tokens)
     results.write_parquet_atomic(points, out_dir / results.POINTS_FILE)
     return points
 
@@ -194,6 +198,13 @@ def conditions(points: pd.DataFrame) -> dict[str, Any]:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _recorded(manifest_path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 def _previous_start(manifest_path: Path, fresh: bool) -> str:
@@ -218,6 +229,10 @@ def manifest(ctx: RunContext, *, started: str) -> dict[str, Any]:
                      "stats": ctx.session.workload.stats()},
         "environment": described["environment"],
         **({"server": described["server"]} if "server" in described else {}),
+        # the target's forward pass at k = 1.. tokens (ms), timed once per run: the verify costs of the speedups
+        # predicted from each draft's largest gamma (max_gamma_predicted_speedup)
+        **({"verify_ms_by_tokens": list(ctx.verify_ms_by_tokens())}
+           if ctx.verify_ms_by_tokens() else {}),
         "started_at": started,
         "finished_at": None,
         "status": "running",

@@ -21,12 +21,9 @@ There is no warm start then, rather than a prediction from numbers that were nev
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from specbench.extrapolate import Calibration, calibrate, predict, predicted_speedup, verify_ms
 
-import numpy as np
-import pandas as pd
-
-from specbench.stats import Prediction, StepModel
+__all__ = ["Calibration", "UNAVAILABLE", "calibrate", "predict", "predicted_speedup", "unavailable_with", "verify_ms"]
 
 
 UNAVAILABLE = {  # backend -> why its measurements give no warm start
@@ -38,89 +35,3 @@ UNAVAILABLE = {  # backend -> why its measurements give no warm start
 def unavailable_with(backend: str) -> str | None:
     """Why the analytic warm start cannot be computed from `backend`'s measurements, or None when it can."""
     return UNAVAILABLE.get(backend)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Plain data (stored in an Optuna user attr): the calibration point's step model and costs."""
-
-    gamma: int  # the gamma it was measured at (the space's largest)
-    accepted_per_step: tuple[float, ...]  # [gamma]: P(positions 0..i accepted) = accepted_per_position[i] / steps
-    drafted_per_step: tuple[float, ...]  # [gamma]: P(at least i + 1 drafted) = drafted_per_position[i] / steps
-    draft_ms_per_token: float
-    verify_ms_per_step: float  # the measured mean verification (a step's drafted tokens + 1)
-    target_ms_per_token: float  # the baseline's time per step (one token)
-    verify_ms_by_tokens: tuple[float, ...] = ()  # [k - 1]: a forward pass of k tokens, k = 1..gamma + 1
-    # per request (0 in calibrations stored before they were recorded: the decode steps alone are predicted)
-    decode_tokens: float = 0.0  # output tokens after the prefill's first one
-    ttft_ms: float = 0.0  # the point's prefill (target and draft) and first token
-    baseline_ttft_ms: float = 0.0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Calibration":
-        return cls(**{**data, "accepted_per_step": tuple(data["accepted_per_step"]),
-                      "drafted_per_step": tuple(data["drafted_per_step"]),
-                      "verify_ms_by_tokens": tuple(data.get("verify_ms_by_tokens") or ())})
-
-    def step_model(self, gamma: int | None = None) -> StepModel:
-        """What a step drafts and accepts at `gamma` (default: the calibrated gamma)."""
-        model = StepModel(self.drafted_per_step, self.accepted_per_step)
-        return model if gamma is None else model.at_gamma(gamma)
-
-
-def calibrate(rows: pd.DataFrame, baseline_rows: pd.DataFrame, *, gamma: int,
-              verify_ms_by_tokens: tuple[float, ...] = ()) -> Calibration | None:
-    """From a calibration point's request rows; None when the backend does not record what it drafted
-    (HF generate) or the point took no steps."""
-    steps = rows["target_steps"].sum()
-    if not steps or rows["drafted_tokens"].isna().any() or rows["verify_ms"].isna().any():
-        return None
-    model = StepModel.from_counts(steps=int(steps),
-                                  drafted_per_position=_sum_lists(rows["drafted_per_position"], gamma),
-                                  accepted_per_position=_sum_lists(rows["accepted_per_position"], gamma))
-    drafted_tokens = rows["drafted_tokens"].sum()
-    return Calibration(
-        gamma=gamma,
-        accepted_per_step=model.accepted_through,
-        drafted_per_step=model.drafted_at_least,
-        draft_ms_per_token=float(rows["draft_ms"].sum() / drafted_tokens) if drafted_tokens else 0.0,
-        verify_ms_per_step=float(rows["verify_ms"].sum() / steps),
-        target_ms_per_token=float(baseline_rows["verify_ms"].sum() / baseline_rows["target_steps"].sum()),
-        verify_ms_by_tokens=tuple(float(v) for v in verify_ms_by_tokens),
-        decode_tokens=float(rows["decode_tokens"].mean()),
-        ttft_ms=float(rows["ttft_ms"].mean()),
-        baseline_ttft_ms=float(baseline_rows["ttft_ms"].mean()),
-    )
-
-
-def predict(calibration: Calibration, gamma: int) -> Prediction:
-    """The analytic model at speculation length gamma (1..the calibrated gamma)."""
-    return Prediction(calibration.step_model(gamma), draft_ms_per_token=calibration.draft_ms_per_token,
-                      verify_ms_per_step=verify_ms(calibration, gamma),
-                      target_ms_per_token=calibration.target_ms_per_token, decode_tokens=calibration.decode_tokens,
-                      ttft_ms=calibration.ttft_ms, baseline_ttft_ms=calibration.baseline_ttft_ms)
-
-
-def predicted_speedup(calibration: Calibration, gamma: int) -> float:
-    return predict(calibration, gamma).speedup
-
-
-def verify_ms(calibration: Calibration, gamma: int) -> float:
-    """The expected time of one verification at speculation length gamma."""
-    one = calibration.target_ms_per_token
-    curve = calibration.verify_ms_by_tokens
-    if len(curve) < gamma + 1:  # not timed (a replay): linear between 1 and gamma_max + 1 tokens
-        return one + (calibration.verify_ms_per_step - one) * gamma / calibration.gamma
-    return one * calibration.step_model(gamma).verify_ms(curve) / curve[0]
-
-
-def _sum_lists(column: pd.Series, width: int) -> np.ndarray:
-    total = np.zeros(width)
-    for values in column:
-        if values is not None:
-            values = np.asarray(values, dtype=float)[:width]
-            total[: len(values)] += values
-    return total
