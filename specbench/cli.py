@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from specbench.devices import DeviceError
+from specbench.heads.cli import heads_app
 from specbench.models import BUILTIN_MODELS, ModelError, fetch_builtin, list_builtins
 from specbench.profile import DEFAULT_PROFILE, ProfileError, load_profile, with_overrides
 from specbench.datasets import SOURCES as DATASETS
@@ -35,6 +36,7 @@ app.add_typer(models_app, name="models")
 datasets_app = typer.Typer(help="Public datasets (ShareGPT, HumanEval): list them, or fetch one for offline use.",
                            invoke_without_command=True)
 app.add_typer(datasets_app, name="datasets")
+app.add_typer(heads_app, name="heads")
 
 BAD_INPUT = (ProfileError, WorkloadError, ModelError, ResumeError, DeviceError, TuneError, ScaleOutError)
 ONE_LINE = (*BAD_INPUT, WorkerError)  # errors shown as one line, exit code 2

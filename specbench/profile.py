@@ -85,6 +85,7 @@ class TargetSpec(_Spec):
 
 
 DRAFT_MODEL_METHODS = ("draft", "eagle", "eagle3", "medusa")  # need a model: the draft, or the target's heads
+NATIVE_METHODS = ("draft", "ngram", "eagle3")  # what the native backend drafts with (hf: draft and ngram)
 
 
 class DraftSpec(_Spec):
@@ -277,9 +278,13 @@ class Profile(_Spec):
                 raise _rule(f'used only by backend = "server" (the profile runs backend "{self.backend}")',
                             at=("server",))
             for index, draft in enumerate(self.drafts):
-                if draft.method in SERVER_ONLY_METHODS:
+                has = "draft, ngram and eagle3" if self.backend == "native" else "draft and ngram"
+                if draft.method in NATIVE_METHODS and draft.method in SERVER_ONLY_METHODS and self.backend != "native":
+                    raise _rule(f'"{draft.method}" runs on backend "native" or "server" (backend "{self.backend}" '
+                                f'has {has})', at=("drafts", index, "method"))
+                if draft.method in SERVER_ONLY_METHODS and draft.method not in NATIVE_METHODS:
                     raise _rule(f'"{draft.method}" runs only in serving engines: set backend = "server" '
-                                f'(backend "{self.backend}" has draft and ngram)', at=("drafts", index, "method"))
+                                f'(backend "{self.backend}" has {has})', at=("drafts", index, "method"))
                 if draft.gamma_schedule is not None:
                     raise _rule(f'a gamma per batch size is vLLM\'s setting: use backend = "server" with engine "vllm" '
                                 f'(backend "{self.backend}" runs one gamma per point)',

@@ -21,6 +21,7 @@ from specbench.backends.base import AfterPrompt, Observer, OnRequest
 from specbench.decoding import Trace
 from specbench.errors import one_line
 from specbench.models import LoadedModel, ModelError, check_same_vocabulary, load_model
+from specbench.models.eagle3 import HeadError, load_head_model
 from specbench.profile import Profile, ProfileError
 from specbench.results import PointSpec
 from specbench.workload_build import Workload, build_workload
@@ -106,7 +107,15 @@ def _load_drafts(profile: Profile, target: LoadedModel, *, device, dtype, observ
     points only."""
     loaded: dict[tuple[str, str | None], LoadedModel | Exception] = {}
     drafts: dict[str, LoadedModel | Exception] = {}
-    for draft in profile.drafts:
+    for index, draft in enumerate(profile.drafts):
+        if draft.method == "eagle3":  # a head that does not fit the target stops the run before any point
+            observer.message(f"loading EAGLE-3 head {draft.name}: {draft.model}")
+            try:
+                drafts[draft.name] = load_head_model(draft.model, target, device=device, dtype=dtype)
+            except HeadError as error:
+                where = f"{profile.source}: " if profile.source else ""
+                raise ProfileError(f"{where}drafts[{index}].model: {error}") from None
+            continue
         if draft.method != "draft":
             continue
         key = (draft.model, draft.quantize)

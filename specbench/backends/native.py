@@ -4,7 +4,7 @@ per-step acceptance and timings."""
 from __future__ import annotations
 
 from specbench.backends.inprocess import GenerateOne, InProcessBackend, InProcessSession, LoadedModels
-from specbench.decoding import BaselineProposer, DraftModelProposer, NgramProposer, Proposer, generate
+from specbench.decoding import BaselineProposer, DraftModelProposer, Eagle3Proposer, NgramProposer, Proposer, generate
 from specbench.decoding.costs import verify_costs_ms
 from specbench.results import PointSpec
 
@@ -29,6 +29,8 @@ class NativeSession(InProcessSession):
             return BaselineProposer(m.device)
         if spec.method == "ngram":
             return NgramProposer(ngram_min=spec.ngram_min, ngram_max=spec.ngram_max, device=m.device)
+        if spec.method == "eagle3":
+            return Eagle3Proposer(m.draft_model(spec).model, m.target.model, device=m.device, name=spec.draft)
         vocab_size = m.target.model.get_output_embeddings().weight.shape[0]
         return DraftModelProposer(m.draft_model(spec).model, vocab_size=vocab_size, device=m.device, name=spec.draft)
 

@@ -1,0 +1,250 @@
+"""Distil an EAGLE-3 head for a target on a workload, saved in vLLM's format and cached like converted models
+(`cache_dir()/heads/<key>/`, keyed by the target's identity, the workload and the settings)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from pydantic import ValidationError
+
+from specbench import devices
+from specbench.heads.data import IGNORE, capture_examples, draft_vocabulary, greedy_continuations, split_held_out
+from specbench.heads.train import TrainSettings, agreement, fit, make_batches
+from specbench.models import cache_dir, load_model
+from specbench.models.eagle3 import Eagle3Head, HeadError, default_aux_layers, head_config, save_head
+from specbench.validation import describe
+from specbench.workload_build import build_workload
+
+FORMAT_VERSION = 1
+REPORT_FILE = "specbench_head.json"
+
+
+@dataclass(frozen=True)
+class HeadSettings:
+    """What the head is distilled from and how it is trained (all of it keys the cache)."""
+
+    workload: str = "builtin:sharegpt"  # the prompts the target continues
+    max_prompts: int = 128
+    max_prompt_tokens: int = 256  # longer prompts are skipped (their states cost the most to capture)
+    max_new_tokens: int = 64
+    held_out: float = 0.15  # share of the prompts kept out of training, for the agreement figures
+    draft_vocab_size: int = 8192  # the head's own lm_head over the most chosen ids; 0: the target's lm_head
+    ttt_steps: int = 3
+    epochs: int = 12
+    batch_tokens: int = 2048
+    learning_rate: float = 1e-3
+    seed: int = 0
+    norm_before_residual: bool = False
+    generate_batch: int = 16  # prompts per batch of greedy generation
+
+    def check(self) -> None:
+        """ValueError with one line naming the setting."""
+        for name in ("max_prompts", "max_prompt_tokens", "max_new_tokens", "ttt_steps", "epochs", "batch_tokens", "generate_batch"):
+            if getattr(self, name) < 1:
+                raise HeadError(f"--{_flag(name)}: must be an integer >= 1 (got {getattr(self, name)})")
+        if not 0 < self.held_out < 1:
+            raise HeadError(f"--held-out: must be a share in (0, 1) (got {self.held_out})")
+        if self.draft_vocab_size < 0:
+            raise HeadError(f"--draft-vocab-size: must be >= 0, 0 for the target's whole vocabulary "
+                            f"(got {self.draft_vocab_size})")
+        if not self.learning_rate > 0:
+            raise HeadError(f"--learning-rate: must be > 0 (got {self.learning_rate})")
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+QUICK = HeadSettings(max_prompts=48, max_prompt_tokens=128, max_new_tokens=48, epochs=20, draft_vocab_size=2048,
+                     batch_tokens=1024)  # CI: a few minutes on a 2-core CPU
+
+
+@dataclass(frozen=True)
+class HeadReport:
+    """A trained head and the figures that say how well it drafts."""
+
+    folder: str
+    target: str
+    target_identity: str
+    settings: dict[str, Any]
+    device: str
+    agreement: tuple[float, ...]  # held-out top-1 agreement at draft positions 1..ttt_steps
+    agreement_untrained: tuple[float, ...]  # the same for the initial head
+    train_agreement: tuple[float, ...]
+    draft_vocab_coverage: float  # share of the held-out choices inside the draft vocabulary
+    losses: tuple[float, float]  # the first and the last optimizer step's loss
+    examples: dict[str, int]  # prompts and tokens, train and held out
+    seconds: dict[str, float]  # generate, capture, train, total
+    cached: bool = field(default=False, compare=False)
+
+
+class Observer(Protocol):
+    def message(self, text: str) -> None: ...
+    def phase(self, name: str, total: int) -> None: ...
+    def advance(self, amount: int = 1, *, note: str = "") -> None: ...
+
+
+def heads_dir() -> Path:
+    return cache_dir() / "heads"
+
+
+def head_key(target_identity: str, settings: HeadSettings, *, device: torch.device, dtype: torch.dtype) -> str:
+    text = json.dumps({"format": FORMAT_VERSION, "target": target_identity, "settings": asdict(settings),
+                       "device": device.type, "dtype": str(dtype)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read_report(folder: Path) -> HeadReport:
+    data = json.loads((folder / REPORT_FILE).read_text())
+    data = {**data, "agreement": tuple(data["agreement"]), "agreement_untrained": tuple(data["agreement_untrained"]),
+            "train_agreement": tuple(data["train_agreement"]), "losses": tuple(data["losses"])}
+    return HeadReport(**{**data, "folder": str(folder), "cached": True})
+
+
+def train_head(target: str, *, settings: HeadSettings, observer: Observer, device: str = "auto",
+               fresh: bool = False) -> HeadReport:
+    """The head for `target` under `settings`: from the cache, or distilled now (then cached)."""
+    settings.check()
+    started = time.perf_counter()
+    torch_device = devices.resolve_device(device)
+    dtype = devices.resolve_dtype("auto", torch_device)
+    observer.message(f"loading target {target}")
+    loaded = load_model(target, device=torch_device, dtype=dtype)
+    folder = heads_dir() / head_key(loaded.identity, settings, device=torch_device, dtype=dtype)[:16]
+    if not fresh and (folder / REPORT_FILE).is_file():
+        return read_report(folder)
+    model, config = loaded.model, loaded.model.config
+    if settings.draft_vocab_size > config.vocab_size:
+        raise HeadError(f"--draft-vocab-size: {settings.draft_vocab_size} exceeds the target's vocabulary of "
+                        f"{config.vocab_size} ids (use at most that, or 0 for all of it)")
+    prompts = _prompt_ids(settings, loaded.tokenizer)
+    train_ids, held_ids = split_held_out(len(prompts), held_out=settings.held_out, seed=settings.seed)
+    seconds: dict[str, float] = {}
+
+    observer.phase("greedy continuations", len(prompts))
+    clock = time.perf_counter()
+    eos = sorted({i for i in (loaded.tokenizer.eos_token_id, config.eos_token_id) if isinstance(i, int)})
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else eos[0]
+    continuations = greedy_continuations(model, prompts, max_new_tokens=settings.max_new_tokens, eos_token_ids=eos,
+                                         pad_token_id=pad, batch_size=settings.generate_batch, on_batch=observer.advance)
+    devices.synchronize(torch_device)
+    seconds["generate"] = time.perf_counter() - clock
+
+    observer.phase("target states", len(prompts))
+    clock = time.perf_counter()
+    layer_ids = default_aux_layers(config.num_hidden_layers)
+    examples = capture_examples(model, prompts, continuations, layer_ids=layer_ids, on_example=observer.advance)
+    devices.synchronize(torch_device)
+    seconds["capture"] = time.perf_counter() - clock
+    train_set, held_set = [examples[i] for i in train_ids], [examples[i] for i in held_ids]
+
+    torch.manual_seed(settings.seed)
+    head, to_draft, coverage = _new_head(model, train_set, held_set, settings=settings, layer_ids=layer_ids)
+    head.to(torch_device)
+    embed = _frozen_embedding(model)
+    lm_head_weight = (head.lm_head.weight if head.lm_head is not None
+                      else model.get_output_embeddings().weight.detach().float())
+    steps = settings.ttt_steps
+    batch = {"batch_tokens": settings.batch_tokens, "steps": steps, "to_draft": to_draft, "device": torch_device}
+    train_batches, held_batches = make_batches(train_set, **batch), make_batches(held_set, **batch)
+    measure = {"embed": embed, "lm_head_weight": lm_head_weight, "steps": steps}
+    untrained = agreement(head, held_batches, **measure)
+
+    train = TrainSettings(epochs=settings.epochs, batch_tokens=settings.batch_tokens,
+                          learning_rate=settings.learning_rate, ttt_steps=steps, seed=settings.seed)
+    observer.phase("training", settings.epochs * len(train_batches))
+    clock = time.perf_counter()
+    losses = fit(head, train_batches, settings=train, embed=embed, lm_head_weight=lm_head_weight,
+                 on_step=lambda loss: observer.advance(note=f"loss {loss:.3f}"))
+    devices.synchronize(torch_device)
+    seconds["train"] = time.perf_counter() - clock
+    held_agreement, train_agreement = agreement(head, held_batches, **measure), agreement(head, train_batches, **measure)
+    seconds["total"] = time.perf_counter() - started
+
+    report = HeadReport(
+        folder=str(folder), target=target, target_identity=loaded.identity, settings=asdict(settings),
+        device=str(torch_device), agreement=held_agreement, agreement_untrained=untrained,
+        train_agreement=train_agreement, draft_vocab_coverage=coverage, losses=(losses[0], losses[-1]),
+        examples={"train_prompts": len(train_set), "held_out_prompts": len(held_set),
+                  "train_tokens": sum(e.length for e in train_set), "held_out_tokens": sum(e.length for e in held_set),
+                  "generated_tokens": sum(len(c) for c in continuations)},
+        seconds=seconds,
+    )
+    _store(head, report, folder)
+    return report
+
+
+def _prompt_ids(settings: HeadSettings, tokenizer) -> list[list[int]]:
+    from specbench.profile import WorkloadSpec
+
+    try:  # sampled four times over, then the prompts up to max_prompt_tokens kept
+        spec = WorkloadSpec.model_validate({"prompts": settings.workload, "max_prompts": 4 * settings.max_prompts,
+                                            "max_new_tokens": settings.max_new_tokens},
+                                           context={"base_dir": Path.cwd()})
+    except ValidationError as error:
+        raise HeadError(f"--workload: {describe(error.errors()[0], root=WorkloadSpec)}") from None
+    prompts = build_workload(spec, tokenizer, seed=settings.seed).prompt_ids
+    return [ids for ids in prompts if len(ids) <= settings.max_prompt_tokens][: settings.max_prompts]
+
+
+def _new_head(model, train_set, held_set, *, settings: HeadSettings, layer_ids) -> tuple[Eagle3Head, Any, float]:
+    """A head shaped like the target's layers; its lm_head (if any) and final norm start from the target's."""
+    config = model.config
+    vocab = (draft_vocabulary(train_set, size=settings.draft_vocab_size, vocab_size=config.vocab_size)
+             if settings.draft_vocab_size else None)
+    head = Eagle3Head(head_config(config, draft_vocab_size=settings.draft_vocab_size or config.vocab_size,
+                                  aux_layer_ids=layer_ids, norm_before_residual=settings.norm_before_residual),
+                      own_lm_head=vocab is not None).float()
+    with torch.no_grad():
+        head.norm.weight.copy_(model.get_decoder().norm.weight.float().cpu())
+        if vocab is None:
+            return head, None, 1.0
+        head.lm_head.weight.copy_(model.get_output_embeddings().weight[vocab.to(model.device)].float().cpu())
+        head.d2t.copy_(vocab - torch.arange(vocab.shape[0]))
+        head.t2d.zero_()
+        head.t2d[vocab] = True
+    to_draft = torch.full((config.vocab_size,), IGNORE, dtype=torch.long)
+    to_draft[vocab] = torch.arange(vocab.shape[0])
+    labels = torch.cat([e.labels[e.prompt_tokens : -1] for e in held_set]) if held_set else torch.empty(0)
+    coverage = float(head.t2d[labels].float().mean()) if labels.numel() else float("nan")
+    return head, to_draft, coverage
+
+
+def _frozen_embedding(model):
+    weight = model.get_input_embeddings().weight.detach()
+    return lambda ids: torch.nn.functional.embedding(ids, weight).float()
+
+
+def _store(head: Eagle3Head, report: HeadReport, folder: Path) -> None:
+    """Write the head and its report to a temporary folder, then move it into place (a concurrent run that
+    finished first wins)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}-", dir=folder.parent))
+    try:
+        save_head(head, tmp)
+        data = {k: v for k, v in asdict(report).items() if k not in ("folder", "cached")}
+        (tmp / REPORT_FILE).write_text(json.dumps(data, indent=1) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder)  # --fresh: the new head replaces the old one
+        os.rename(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def copy_head(report: HeadReport, out: Path) -> Path:
+    """The head's files (config, weights, report) copied to `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in Path(report.folder).iterdir():
+        shutil.copy2(path, out / path.name)
+    return out
+
+
