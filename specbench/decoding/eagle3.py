@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from specbench.decoding.proposers import Proposal
+from specbench.decoding.proposers import Proposal, draw
 from specbench.decoding.sampling import Sampler
 from specbench.models.eagle3 import Attend, Eagle3Head
 
@@ -100,12 +100,7 @@ class Eagle3Proposer:
         tokens, probs = [], []
         for i in range(k):
             logits = self._logits(prenorm[0, -1])  # [V]
-            if sampler.greedy:
-                token = logits.argmax(dim=-1)
-            else:
-                q = sampler.probs(logits)
-                token = sampler.sample(q)
-                probs.append(q)
+            token = draw(logits, sampler, probs)
             tokens.append(token)
             if i + 1 < k:  # position end + i reads the drafted token and the head's own state
                 prenorm = self._step(token.view(1, 1), prenorm, start=end + i)

@@ -49,6 +49,16 @@ class BaselineProposer:
         pass
 
 
+def draw(logits: torch.Tensor, sampler: Sampler, probs: list[torch.Tensor]) -> torch.Tensor:
+    """A drafted token from [V] logits: the argmax when greedy, else a sample from the sampler's distribution,
+    which is appended to `probs` (verification needs the draft's q)."""
+    if sampler.greedy:
+        return logits.argmax(dim=-1)
+    q = sampler.probs(logits)
+    probs.append(q)
+    return sampler.sample(q)
+
+
 class DraftModelProposer:
     """A separate causal LM drafts k tokens autoregressively with its own KV cache.
 
@@ -81,12 +91,7 @@ class DraftModelProposer:
         tokens, probs = [], []
         for _ in range(k):
             logits = self._align(kv.forward(self.model, step_input, self.cache, last=1)[-1])  # [V]
-            if sampler.greedy:
-                token = logits.argmax(dim=-1)
-            else:
-                q = sampler.probs(logits)
-                token = sampler.sample(q)
-                probs.append(q)
+            token = draw(logits, sampler, probs)
             tokens.append(token)
             step_input = token.view(1, 1)
         return Proposal(torch.stack(tokens), torch.stack(probs) if probs else None)

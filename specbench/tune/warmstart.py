@@ -3,16 +3,8 @@ each step drafted and accepted at each draft position and what drafting and veri
 the speedup of every smaller gamma is predicted (`stats.StepModel`), and the best predictions are tried
 first.
 
-At a smaller gamma' a step drafts min(drafted, gamma') tokens and keeps the same accepted prefix, so
-E[tokens per step] = 1 + sum_{k<gamma'} P(drafted tokens 0..k accepted), which is Leviathan et al.'s
-(1 - a^(g+1)) / (1 - a) when every step drafts gamma tokens and acceptance is geometric. The step's cost
-is the draft time of the tokens drafted plus the time of verifying them and the bonus token, relative to
-the baseline's time per token; a request adds its prefill (TTFT: the target's and the draft's, the same
-at every gamma) to its decode steps. The verify time of k tokens is the baseline's one-token step times
-the ratio a timing of the target's forward pass at k = 1..g_max + 1 measured (specbench.decoding.costs: not
-linear in k on a CPU), weighted by how many tokens the draft proposed per step (n-grams often propose
-fewer than gamma, or none). Without that timing (a replay) it is interpolated linearly in gamma between
-the baseline's one-token step and the calibration's measured step.
+How a smaller gamma is predicted from the calibration (steps, acceptance per position, draft and verify costs):
+specbench.extrapolate, which `specbench run` also uses for each point's max_gamma_predicted_speedup.
 
 Some backends measure neither (`unavailable_with`): a server's rows hold no verify time and no steps, and
 its forward pass cannot be timed from outside; transformers' generate() does not report what it drafted.
