@@ -4,6 +4,7 @@ which chunks were reasoning and which the answer, and what the server reported (
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -11,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+DRAIN_S = 1.0  # the most spent reading past [DONE] to keep a connection reusable
 
 
 class RequestFailed(RuntimeError):
@@ -101,6 +104,19 @@ async def stream_response(session: aiohttp.ClientSession, url: str, request: Req
                     response.finish_reason = choice["finish_reason"]
         response.text, response.reasoning = "".join(answer), "".join(reasoning)
         response.end_s = time.perf_counter() - sent
+        await _drain(http)
+
+
+async def _drain(http: aiohttp.ClientResponse) -> None:
+    """Read what follows [DONE] (the chunked body's last chunk) so the connection goes back to the pool: a response
+    left unread is closed on release, and the next request pays for a new connection. A server that keeps the
+    stream open after [DONE] gets a second, then the connection is dropped."""
+    if http.content.at_eof():
+        return
+    try:
+        await asyncio.wait_for(http.content.read(), DRAIN_S)
+    except (asyncio.TimeoutError, aiohttp.ClientError):
+        pass
 
 
 def _tokens_in(choice: dict[str, Any]) -> int:
