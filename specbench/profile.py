@@ -7,7 +7,6 @@ the key and what to do, e.g. `profiles/x.toml: sweep.gamma[1]: must be an intege
 """
 
 import json
-import os
 import re
 import tomllib
 from pathlib import Path
@@ -25,13 +24,13 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from specbench.backends import BACKENDS
 from specbench.capacity_spec import CapacitySpec, CostSpec, capacity_problem
+from specbench.server_spec import ServerSpec
 from specbench.engines import ENGINES
 from specbench.engines.base import SERVER_ONLY_METHODS, EngineError, Speculation, check_schedule
 from specbench.loadmix import levels_of, parse_load_mix
@@ -41,7 +40,7 @@ from specbench.validation import describe
 from specbench.validation import distinct_values as _distinct_values
 from specbench.validation import rule as _rule
 from specbench.validation import show as _show
-from specbench.references import ModelReference, PromptsReference, base_dir
+from specbench.references import ModelReference, PromptsReference, is_trained_head
 
 DEFAULT_PROFILE = "profiles/quickstart.toml"
 """Used when no profile is given; relative to the current directory (the project root)."""
@@ -83,6 +82,12 @@ class TargetSpec(_Spec):
     model: ModelReference
     quantize: Quantize | None = None
 
+    @model_validator(mode="after")
+    def _not_a_head(self) -> "TargetSpec":
+        if is_trained_head(self.model):
+            raise _rule("trained:... names an EAGLE-3 head for a draft, not a target (set a model)", at=("model",))
+        return self
+
 
 DRAFT_MODEL_METHODS = ("draft", "eagle", "eagle3", "medusa")  # need a model: the draft, or the target's heads
 NATIVE_METHODS = ("draft", "ngram", "eagle3")  # what the native backend drafts with (hf: draft and ngram)
@@ -98,9 +103,17 @@ class DraftSpec(_Spec):
     # a gamma per batch size, [[first, last, gamma], ...] from batch size 1 (gamma 0: no drafting there), instead of
     # the sweep's gammas: vLLM's num_speculative_tokens_per_batch_size, as `specbench tune` recommends it under load
     gamma_schedule: Annotated[tuple[tuple[StrictInt, ...], ...], _converted(check_schedule, EngineError)] | None = None
+    # this draft's gammas instead of sweep.gamma (e.g. an n-gram lookup that needs gamma >= its n-gram size on
+    # llama.cpp, beside a head swept from 1)
+    gamma: Annotated[tuple[PositiveInt, ...], Axis] | None = None
 
     @model_validator(mode="after")
     def _fits_method(self) -> "DraftSpec":
+        if self.gamma is not None and self.gamma_schedule is not None:
+            raise _rule("gamma_schedule already sets this draft's gammas (remove gamma)", at=("gamma",))
+        if self.model is not None and is_trained_head(self.model) and self.method != "eagle3":
+            raise _rule(f'trained:... is an EAGLE-3 head: set method = "eagle3", or a draft model for '
+                        f'method "{self.method}"', at=("model",))
         if self.method != "ngram":
             if self.model is None and self.method in DRAFT_MODEL_METHODS:
                 raise _rule(
@@ -157,44 +170,6 @@ class SloSpec(_Spec):
     def limits(self) -> dict[str, float]:
         """{request column: limit} of the objectives given."""
         return {name: value for name, value in self.model_dump().items() if value is not None}
-
-
-class ServerSpec(_Spec):
-    """How the server backend reaches a serving engine: launch it (engine, optional argv template and
-    binary), or attach to one already running (url)."""
-
-    engine: Literal["llama.cpp", "vllm", "sglang", "openai"]
-    command: tuple[StrictStr, ...] | None = None  # argv template: {target} {draft} {host} {port}; never a shell
-    binary: StrictStr | None = None  # the engine's executable (llama-server) or the Python that has it (vllm, sglang)
-    url: StrictStr | None = None
-    model: StrictStr | None = None  # the served model name to request (default: the first the server lists)
-    ready_timeout_s: Annotated[float, Strict(), _check(lambda v: v > 0, "a number > 0")] = 300.0
-    request_timeout_s: PositiveFloat | None = None  # one request, send to last byte (default: 60 s + 1 s per token)
-    point_timeout_s: PositiveFloat | None = None  # one point (default: its requests each using their whole deadline)
-    extra_args: tuple[StrictStr, ...] = ()
-    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
-    api_key_env: StrictStr | None = None  # the environment variable holding the API key (never the key)
-
-    @field_validator("binary")
-    @classmethod
-    def _binary_path(cls, binary: str | None, info: ValidationInfo) -> str | None:
-        """A path (with a separator) is relative to the profile's folder; a bare name is looked up on PATH."""
-        if binary is None or os.sep not in binary:
-            return binary
-        path = Path(binary).expanduser()  # not resolved: a virtualenv's python is a link that must stay one
-        return os.path.abspath(path if path.is_absolute() else base_dir(info) / path)
-
-    @model_validator(mode="after")
-    def _launch_or_attach(self) -> "ServerSpec":
-        if self.url is not None:
-            if not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", self.url):
-                raise _rule(f'must be "http://HOST:PORT" (got {_show(self.url)})', at=("url",))
-            for key in ("command", "binary"):
-                if getattr(self, key) is not None:
-                    raise _rule("not used with url: nothing is launched (remove one of them)", at=(key,))
-        elif self.engine == "openai":
-            raise _rule('engine "openai" attaches to a running server: set url = "http://HOST:PORT"', at=("url",))
-        return self
 
 
 class WorkloadSpec(_Spec):
@@ -259,6 +234,16 @@ class Profile(_Spec):
         """The file this profile was loaded from; not part of the profile's content."""
         return self._source
 
+    def gammas(self, draft: DraftSpec) -> tuple[int, ...]:
+        """The gammas a draft is swept at: its gamma_schedule's largest, its own gamma, else sweep.gamma."""
+        if draft.gamma_schedule is not None:
+            return (max(g for _, _, g in draft.gamma_schedule),)
+        return draft.gamma or self.sweep.gamma
+
+    def all_gammas(self) -> tuple[int, ...]:
+        """Every gamma some draft is swept at, in increasing order (none without drafts)."""
+        return tuple(sorted({g for draft in self.drafts for g in self.gammas(draft)}))
+
     @field_validator("device")
     @classmethod
     def _known_device(cls, device: str) -> str:
@@ -311,12 +296,13 @@ class Profile(_Spec):
                 except EngineError as error:
                     raise _rule(str(error), at=("drafts", index, "gamma_schedule")) from None
                 continue
-            for gamma in self.sweep.gamma:
+            for gamma in self.gammas(draft):
                 try:
                     engine.speculation_args(Speculation(draft.method, gamma, draft.model, draft.ngram_min,
                                                         draft.ngram_max))
                 except EngineError as error:
-                    raise _rule(str(error), at=("sweep", "gamma")) from None
+                    raise _rule(str(error), at=("drafts", index, "gamma") if draft.gamma else ("sweep", "gamma")) \
+                        from None
 
     @model_validator(mode="after")
     def _capacity_runs(self) -> "Profile":

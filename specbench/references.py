@@ -1,5 +1,5 @@
-"""References in a profile, resolved where they enter: models (builtin:NAME, a hub id, a local folder or GGUF file)
-and prompt sets (builtin:SET, a .jsonl/.csv file, a ShareGPT .json file); paths relative to the profile's folder."""
+"""References in a profile, resolved where they enter: models (builtin:NAME, a hub id, a local folder or GGUF file;
+for an EAGLE-3 draft also trained:PRESET, the head `specbench heads train` distils for the target) and prompt sets (builtin:SET, a .jsonl/.csv file, a ShareGPT .json file); paths relative to the profile's folder."""
 
 from pathlib import Path
 from typing import Annotated
@@ -12,6 +12,13 @@ from specbench.validation import show as _show
 from specbench.workloads import BUILTIN_SETS
 
 _RELATIVE_NOTE = "(paths are relative to the profile's folder)"
+TRAINED_PREFIX = "trained:"
+# the settings `specbench heads train` has names for: its defaults, and --quick (specbench.heads.distill.PRESETS)
+TRAINED_PRESETS = ("default", "quick")
+
+
+def is_trained_head(reference: str) -> bool:
+    return reference.startswith(TRAINED_PREFIX)
 
 
 def base_dir(info: ValidationInfo) -> Path:
@@ -31,6 +38,12 @@ def _resolve_model(reference: str, info: ValidationInfo) -> str:
         name = reference.partition(":")[2]
         if name not in BUILTIN_MODELS:
             raise _rule(f'unknown builtin model "{name}" (known: {", ".join(BUILTIN_MODELS)})')
+        return reference
+    if is_trained_head(reference):
+        preset = reference.removeprefix(TRAINED_PREFIX)
+        if preset not in TRAINED_PRESETS:
+            raise _rule(f'unknown trained head "{preset}" (known: {", ".join(TRAINED_PRESETS)}: the settings of '
+                        f'`specbench heads train` and of its --quick)')
         return reference
     folder = base_dir(info)
     is_path = reference.startswith((".", "/", "~")) or reference.endswith(".gguf")

@@ -17,7 +17,6 @@ from specbench.cli import app
 from specbench.datasets import DatasetError, index_user_file, sample_sharegpt, scan_entries
 from specbench.profile import ProfileError, WorkloadSpec, profile_from_dict
 from specbench.workload_build import (
-    build_workload,
     humaneval_prompts,
     output_budgets,
     prefix_texts,

@@ -137,6 +137,12 @@ prompts = "builtin:mixed"
     assert result.output.strip() == ("error: p.toml: sweep.gamma: llama.cpp's ngram-simple drafts nothing when gamma (2) "
                                      "is below the n-gram size ngram_max (3); use gamma >= ngram_max")
     assert not (tmp_path / "results").exists()
+    (tmp_path / "p.toml").write_text((tmp_path / "p.toml").read_text().replace("ngram_max = 3\n",
+                                                                                "ngram_max = 3\ngamma = [2, 3]\n"))
+    result = CliRunner().invoke(app, ["run", "p.toml"])
+    assert result.exit_code == 2
+    assert result.output.strip().startswith("error: p.toml: drafts[0].gamma: llama.cpp's ngram-simple drafts nothing "
+                                            "when gamma (2)")
 
 
 def test_a_launch_that_never_becomes_ready_fails_its_other_points_without_starting_again(tmp_path):

@@ -70,11 +70,13 @@ def edited(key: tuple, value) -> dict:
 def test_the_shipped_profiles_and_the_default_is_one_of_them():
     assert [path.name for path in SHIPPED] == [
         "llama-server-cpu.toml",
+        "llama-server-eagle3.toml",
         "quickstart.toml",
         "qwen-coder-cpu.toml",
         "qwen2.5-gpu.toml",
         "sharegpt-cpu.toml",
         "vllm-cpu-capacity.toml",
+        "vllm-cpu-eagle3.toml",
         "vllm-cpu-load.toml",
         "vllm-cpu-sharegpt.toml",
         "vllm-cpu.toml",
@@ -208,7 +210,7 @@ def test_profiles_are_frozen():
 MODELS = ", ".join(BUILTIN_MODELS)
 SETS = ", ".join(BUILTIN_SETS)
 PROFILE_KEYS = "name, backend, server, device, dtype, target, drafts, sweep, workload, run, load, slo, capacity, cost"
-DRAFT_KEYS = "name, method, model, quantize, ngram_min, ngram_max, gamma_schedule"
+DRAFT_KEYS = "name, method, model, quantize, ngram_min, ngram_max, gamma_schedule, gamma"
 
 BAD_VALUES = [
     # (key, value or None to remove it, message after "<file>: ")
@@ -254,6 +256,14 @@ BAD_VALUES = [
     (("backend",), "vllm", "backend: must be 'native', 'hf' or 'server' (got \"vllm\")"),
     (("backend",), "server", 'server: backend "server" needs a [server] table (engine = "vllm", "llama.cpp", ... or url = ...)'),
     (("device",), "gpu", 'device: must be "auto", "cpu", "cuda" or "cuda:N" (got "gpu")'),
+    (("target", "model"), "trained:default", "target.model: trained:... names an EAGLE-3 head for a draft, not a "
+                                             "target (set a model)"),
+    (("drafts", 1, "model"), "trained:quick", 'drafts[1].model: trained:... is an EAGLE-3 head: set method = '
+                                              '"eagle3", or a draft model for method "draft"'),
+    (("drafts", 1, "model"), "trained:big", 'drafts[1].model: unknown trained head "big" (known: default, quick: the '
+                                            'settings of `specbench heads train` and of its --quick)'),
+    (("drafts", 0, "gamma"), [0], "drafts[0].gamma[0]: must be an integer >= 1 (got 0)"),
+    (("drafts", 0, "gamma"), [3, 3], "drafts[0].gamma: must not repeat a value (got [3, 3])"),
     (("dtype",), "fp16", "dtype: must be 'auto', 'float32', 'bfloat16' or 'float16' (got \"fp16\")"),
 ]
 

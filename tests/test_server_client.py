@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd

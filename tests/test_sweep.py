@@ -22,7 +22,7 @@ from specbench import results
 from specbench.backends.inprocess import InProcessSession
 from specbench.sweep.plan import plan_points
 from specbench.cli import app
-from specbench.profile import load_profile
+from specbench.profile import load_profile, profile_from_dict
 from tiny import WORDS, tiny_llama, tiny_profile, word_tokenizer, write_model_folder, write_project
 
 PROMPTS = [
@@ -294,6 +294,17 @@ def test_the_quickstart_profile_plans_baselines_first():
     assert [p.point_id for p in points if p.method == "baseline"] == ["baseline-t0-p1", "baseline-t0.8-p1"]
     assert points[0].method == "baseline"
     assert len(points) == len(profile.sweep.temperature) * (1 + len(profile.drafts) * len(profile.sweep.gamma))
+
+
+def test_a_draft_with_its_own_gammas_is_swept_at_those_only(tmp_path):
+    profile = profile_from_dict({
+        "name": "g", "target": {"model": "builtin:smollm2-135m-instruct"},
+        "drafts": [{"name": "ngram", "method": "ngram", "gamma": [3]},
+                   {"name": "self", "method": "draft", "model": "builtin:smollm2-135m-instruct"}],
+        "sweep": {"gamma": [1, 2], "temperature": [0.0]}, "workload": {"prompts": "builtin:mixed"}})
+    assert [p.point_id for p in plan_points(profile)] == ["baseline-t0-p1", "ngram-g3-t0-p1", "self-g1-t0-p1",
+                                                          "self-g2-t0-p1"]
+    assert profile.all_gammas() == (1, 2, 3)
 
 
 def test_a_results_file_reads_whole_while_a_sweep_replaces_it(tmp_path):

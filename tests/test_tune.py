@@ -21,7 +21,7 @@ from specbench.tune import evaluate
 from specbench.tune.propose import Proposal, propose
 from specbench.tune.space import Config, space_from_profile
 from specbench.tune.warmstart import Calibration, predicted_speedup, verify_ms
-from tiny import WORDS, tiny_profile, write_model_folder, write_project
+from tiny import tiny_profile, write_model_folder, write_project
 
 GRID = Path(__file__).parent / "fixtures" / "synthetic-grid"
 PROFILE = tiny_profile(gamma=(1, 3), temperature=(0.0,), max_new_tokens=12, warmup=0, ngram=(1, 2))

@@ -20,6 +20,7 @@ from specbench import devices, results
 from specbench.backends.base import AfterPrompt, Observer, OnRequest
 from specbench.decoding import Trace
 from specbench.errors import one_line
+from specbench.heads.reference import head_folder_reference
 from specbench.models import LoadedModel, ModelError, check_same_vocabulary, load_model
 from specbench.models.eagle3 import HeadError, load_head_model
 from specbench.profile import Profile, ProfileError
@@ -109,9 +110,11 @@ def _load_drafts(profile: Profile, target: LoadedModel, *, device, dtype, observ
     drafts: dict[str, LoadedModel | Exception] = {}
     for index, draft in enumerate(profile.drafts):
         if draft.method == "eagle3":  # a head that does not fit the target stops the run before any point
-            observer.message(f"loading EAGLE-3 head {draft.name}: {draft.model}")
             try:
-                drafts[draft.name] = load_head_model(draft.model, target, device=device, dtype=dtype)
+                folder = head_folder_reference(draft.model, target=profile.target.model, device=profile.device,
+                                               say=observer.message)
+                observer.message(f"loading EAGLE-3 head {draft.name}: {folder}")
+                drafts[draft.name] = load_head_model(folder, target, device=device, dtype=dtype)
             except HeadError as error:
                 where = f"{profile.source}: " if profile.source else ""
                 raise ProfileError(f"{where}drafts[{index}].model: {error}") from None

@@ -178,8 +178,9 @@ def config_json(config: LlamaConfig) -> dict[str, Any]:
             "dtype": "float32"}
 
 
-def read_config(folder: Path) -> LlamaConfig:
-    """The head's config.json, checked to be a one-layer EAGLE-3 Llama head (HeadError otherwise)."""
+def read_config(folder: Path, *, native: bool = True) -> LlamaConfig:
+    """The head's config.json, checked to be a one-layer EAGLE-3 Llama head (HeadError otherwise); `native`: also
+    one this module runs (not a variant only the engines have)."""
     path = folder / "config.json"
     try:
         data = json.loads(path.read_text())
@@ -195,7 +196,7 @@ def read_config(folder: Path) -> LlamaConfig:
     if data.get("num_hidden_layers") != 1:
         raise HeadError(f"{path}: num_hidden_layers: specbench runs one-layer EAGLE-3 heads "
                         f"(got {data.get('num_hidden_layers')})")
-    for key in UNSUPPORTED_TRUE:
+    for key in UNSUPPORTED_TRUE if native else ():
         if data.get(key) or (data.get("eagle_config") or {}).get(key):
             raise HeadError(f"{path}: {key}: this head variant is not supported by the native backend (run it "
                             'on backend = "server")')

@@ -38,7 +38,7 @@ class RunContext:
             self._verify_ms_by_tokens = tuple(float(v) for v in recorded[:needed])
 
     def _verify_tokens_needed(self) -> int:
-        gammas = [g for g in self.profile.sweep.gamma if g] if self.profile.drafts else []
+        gammas = self.profile.all_gammas()
         return max(gammas) + 1 if gammas and self.profile.backend == "native" else 0
 
     def point_key(self, spec: PointSpec) -> str:

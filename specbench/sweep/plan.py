@@ -22,8 +22,8 @@ def load_levels(profile: Profile) -> list[tuple[int | None, float | None]]:
 
 
 def plan_points(profile: Profile, *, launch_key: Callable[[PointSpec], Hashable] | None = None) -> list[PointSpec]:
-    """Per (temperature, top_p) and load level: the baseline first, then every draft x gamma (a draft with a gamma per
-    batch size once, at its largest gamma). With a backend's `launch_key`,
+    """Per (temperature, top_p) and load level: the baseline first, then every draft x its gammas (its own `gamma`, else
+    the sweep's; a draft with a gamma per batch size once, at its largest gamma). With a backend's `launch_key`,
     points that need the same launch are moved together (stable, in order of first appearance), so that each
     launch happens once."""
     points: list[PointSpec] = []
@@ -32,8 +32,7 @@ def plan_points(profile: Profile, *, launch_key: Callable[[PointSpec], Hashable]
             points.append(PointSpec.baseline(temperature, top_p, concurrency=concurrency, request_rate=request_rate))
             for draft in profile.drafts:
                 schedule = schedule_text(draft.gamma_schedule) if draft.gamma_schedule else None
-                gammas = [max(g for _, _, g in draft.gamma_schedule)] if schedule else profile.sweep.gamma
-                for gamma in gammas:
+                for gamma in profile.gammas(draft):
                     points.append(PointSpec(
                         point_id=point_id(draft.name, gamma, temperature, top_p, concurrency=concurrency,
                                           request_rate=request_rate, scheduled=schedule is not None),

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specbench import results, summary
+from specbench import summary
 from specbench.results import PointSpec
 from specbench.tune.space import Objective
 

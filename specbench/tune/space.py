@@ -226,7 +226,8 @@ def space_from_profile(profile: Profile, *, tune_ngram: bool = True) -> SearchSp
         )
         for d in profile.drafts
     )
-    space = SearchSpace(drafts, min(profile.sweep.gamma), max(profile.sweep.gamma), engine=_engine(profile))
+    gammas = profile.all_gammas() or profile.sweep.gamma
+    space = SearchSpace(drafts, min(gammas), max(gammas), engine=_engine(profile))
     for index, draft in enumerate(drafts):
         configs = [c for c in space.grid() if c.draft == draft.name]
         if not any(space.refusal(c) is None for c in configs):

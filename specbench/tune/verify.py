@@ -7,7 +7,6 @@ throughput over the single setting's and its paired 95 % CI (a bootstrap over pr
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import pandas as pd

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from specbench.backends.base import AfterPrompt, Observer, OnRequest
-from specbench.backends.server import checks, client, watch
+from specbench.backends.server import checks, client, heads, watch
 from specbench.backends.server.measure import measure_point
 from specbench.backends.server.process import HOST, ServerFailed, ServerProcess, end_leftovers, free_port
 from specbench.engines import ENGINES, EngineError, ServingEngine, Speculation, parse_schedule
@@ -69,6 +70,9 @@ class ServerSession:
         self.workload = build_workload(profile.workload, self.tokenizer, seed=profile.run.seed, where=where)
         checks.check_context(profile, self.workload, engine=self.settings.engine,
                              extra_args=() if self.attached else self.settings.extra_args, where=where)
+        # EAGLE-3 heads: trained:PRESET distilled (or cached), folders checked against the target, GGUF for llama.cpp
+        self.heads = {} if self.attached else heads.engine_heads(profile, self.engine, binary=self.binary, where=where,
+                                                                 say=observer.message)
         # kept-alive connections where the engine keeps them: llama-server closes each after its streamed response
         self.keep_alive = self.settings.engine != "llama.cpp"
         self.prompts = self.workload.prompts
@@ -97,7 +101,8 @@ class ServerSession:
                 "command": list(self.settings.command or ()), "extra_args": list(self.settings.extra_args)}
 
     def draft_identity(self, spec: PointSpec) -> str | None:
-        return spec.draft_model
+        head = self.heads.get(spec.draft)
+        return head.identity if head is not None else spec.draft_model
 
     def point_context(self, spec: PointSpec) -> dict[str, Any]:
         return {"backend": "server", "target_model": self.profile.target.model, "weight_mb": None}
@@ -178,8 +183,10 @@ class ServerSession:
         """The exact argv (and extra environment) a point's launch runs."""
         engine = self.engine
         target = engine_reference(self.profile.target.model, engine)
-        speculation = Speculation(spec.method, spec.gamma,
-                                  engine_reference(spec.draft_model, engine) if spec.draft_model else None,
+        head = self.heads.get(spec.draft)
+        draft = head.reference if head is not None else (
+            engine_reference(spec.draft_model, engine) if spec.draft_model else None)
+        speculation = Speculation(spec.method, spec.gamma, draft,
                                   spec.ngram_min, spec.ngram_max,
                                   parse_schedule(spec.gamma_schedule) if spec.gamma_schedule else None)
         port = free_port()
@@ -222,7 +229,9 @@ class ServerSession:
 
         described: dict[str, Any] = {
             "models": {"target": {"model": self.profile.target.model, "identity": self.target_identity},
-                       "drafts": {d.name: {"model": d.model, "method": d.method} for d in self.profile.drafts}},
+                       "drafts": {d.name: {"model": d.model, "method": d.method,
+                                           **({"head": asdict(self.heads[d.name])} if d.name in self.heads else {})}
+                                  for d in self.profile.drafts}},
             "environment": environment_base(),
             "server": {"engine": self.settings.engine, "engine_version": self._engine_version(),
                        "attached": self.settings.url, "launches": self.launches,

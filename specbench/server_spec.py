@@ -1,0 +1,56 @@
+"""The profile's [server] table: how the server backend reaches a serving engine. Validated where the profile
+enters (one-line errors naming the key)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictStr, ValidationInfo, field_validator, model_validator
+
+from specbench.references import base_dir
+from specbench.validation import check, rule, show
+
+_Positive = Annotated[float, Strict(), check(lambda v: v > 0, "a number > 0")]
+
+
+class ServerSpec(BaseModel):
+    """How the server backend reaches a serving engine: launch it (engine, optional argv template and
+    binary), or attach to one already running (url)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine: Literal["llama.cpp", "vllm", "sglang", "openai"]
+    command: tuple[StrictStr, ...] | None = None  # argv template: {target} {draft} {host} {port}; never a shell
+    binary: StrictStr | None = None  # the engine's executable (llama-server) or the Python that has it (vllm, sglang)
+    url: StrictStr | None = None
+    model: StrictStr | None = None  # the served model name to request (default: the first the server lists)
+    ready_timeout_s: Annotated[float, Strict(), check(lambda v: v > 0, "a number > 0")] = 300.0
+    request_timeout_s: _Positive | None = None  # one request, send to last byte (default: 60 s + 1 s per token)
+    point_timeout_s: _Positive | None = None  # one point (default: its requests each using their whole deadline)
+    extra_args: tuple[StrictStr, ...] = ()
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    api_key_env: StrictStr | None = None  # the environment variable holding the API key (never the key)
+
+    @field_validator("binary")
+    @classmethod
+    def _binary_path(cls, binary: str | None, info: ValidationInfo) -> str | None:
+        """A path (with a separator) is relative to the profile's folder; a bare name is looked up on PATH."""
+        if binary is None or os.sep not in binary:
+            return binary
+        path = Path(binary).expanduser()  # not resolved: a virtualenv's python is a link that must stay one
+        return os.path.abspath(path if path.is_absolute() else base_dir(info) / path)
+
+    @model_validator(mode="after")
+    def _launch_or_attach(self) -> "ServerSpec":
+        if self.url is not None:
+            if not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", self.url):
+                raise rule(f'must be "http://HOST:PORT" (got {show(self.url)})', at=("url",))
+            for key in ("command", "binary"):
+                if getattr(self, key) is not None:
+                    raise rule("not used with url: nothing is launched (remove one of them)", at=(key,))
+        elif self.engine == "openai":
+            raise rule('engine "openai" attaches to a running server: set url = "http://HOST:PORT"', at=("url",))
+        return self
