@@ -29,6 +29,25 @@ def test_vllm_speculative_config():
     assert vllm.speculation_args(Speculation("baseline")) == []
 
 
+def test_heads_and_mtp_map_to_each_engines_flags():
+    """EAGLE-3 runs for real on vLLM and llama.cpp (test_eagle3_engines.py); MTP needs a target with MTP layers
+    (DeepSeek-V3, GLM-4.5, Qwen3.5 families), none small enough for a CPU: its mapping is checked here, by argv."""
+    vllm, sglang, llama = ENGINES["vllm"], ENGINES["sglang"], ENGINES["llama.cpp"]
+    assert json.loads(vllm.speculation_args(Speculation("eagle3", 3, draft_model="/h"))[1]) == {
+        "method": "eagle3", "num_speculative_tokens": 3, "model": "/h"}
+    assert json.loads(vllm.speculation_args(Speculation("mtp", 1))[1]) == {"method": "mtp", "num_speculative_tokens": 1}
+    assert json.loads(vllm.speculation_args(Speculation("medusa", 2, draft_model="/m"))[1])["method"] == "medusa"
+    assert sglang.speculation_args(Speculation("eagle3", 3, draft_model="/h")) == [
+        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/h", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    assert sglang.speculation_args(Speculation("mtp", 2))[:2] == ["--speculative-algorithm", "NEXTN"]
+    assert llama.speculation_args(Speculation("eagle3", 2, draft_model="/h.gguf")) == [
+        "--spec-type", "draft-eagle3", "--spec-draft-n-max", "2", "-md", "/h.gguf"]
+    assert llama.speculation_args(Speculation("mtp", 2)) == ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+    with pytest.raises(EngineError, match="llama.cpp has no speculative method 'medusa'"):
+        llama.speculation_args(Speculation("medusa", 2, draft_model="/m"))
+
+
 def test_a_gamma_per_batch_size_is_vllms_dynamic_speculation_and_nobody_elses():
     schedule = check_schedule([[1, 3, 4], [4, 8, 1], [9, 16, 0]])
     args = ENGINES["vllm"].speculation_args(Speculation("ngram", 4, ngram_min=2, ngram_max=2, gamma_schedule=schedule))
