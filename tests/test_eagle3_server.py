@@ -51,7 +51,8 @@ CASES = {
                    "config.json: eagle_aux_hidden_state_layer_ids: [2, 15, 40] must be layers 0..30 of the target"),
     "a GGUF that is no head": (lambda tmp: str(builtin_gguf_path("smollm2-135m-instruct")),
                                "general.architecture: 'llama' is not an EAGLE-3 head"),
-    "a hub id": (lambda tmp: "someone/some-eagle3-head", "llama.cpp loads GGUF files; point model at a local head"),
+    "a hub id out of reach": (lambda tmp: "someone/some-eagle3-head", "cannot download the EAGLE-3 head "
+                              "'someone/some-eagle3-head' from the Hugging Face hub"),
     "no converter": (lambda tmp: _config_folder(tmp / "h", _head_config()),
                      "its converter (convert_hf_to_gguf.py) was not found above"),
 }
@@ -62,6 +63,7 @@ def test_a_head_llama_cpp_cannot_be_given_is_refused_before_launch(tmp_path, mon
     make, expected = CASES[case]
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SPECBENCH_LLAMA_CONVERTER", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id fails at once, as it does on any machine without the hub
     binary = tmp_path / "bin" / "llama-server"  # answers --help and --version; anything else is a launch
     binary.parent.mkdir()
     binary.write_text('#!/bin/sh\ncase "$1" in --help|--version) exit 0;; esac\ntouch "$(dirname "$0")/launched"\n')

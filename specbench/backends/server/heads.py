@@ -1,5 +1,5 @@
 """EAGLE-3 heads on the engines, settled before anything launches: `trained:PRESET` distilled for the target (or
-taken from the cache), a local head folder checked against the target (an EAGLE-3 config, its hidden size,
+taken from the cache), a head folder (or a hub id, downloaded) checked against the target (an EAGLE-3 config, its hidden size,
 vocabulary and auxiliary layers), and for llama.cpp, which loads GGUF files, the folder converted once by llama.cpp's
 own converter (`convert_hf_to_gguf.py --target-model-dir`, cached by the head's and the target's identities).
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from specbench.engines import ServingEngine
 from specbench.heads.reference import head_folder_reference
 from specbench.models import cache_dir, gguf_sha256, hf_folder, resolve_model
-from specbench.models.eagle3 import HeadError, fit_to_target, read_config
+from specbench.models.eagle3 import HeadError, fit_to_target, head_folder, read_config
 from specbench.models.load import folder_identity
 from specbench.profile import Profile, ProfileError
 
@@ -65,12 +65,8 @@ def _engine_head(reference: str, target: str, engine: ServingEngine, *, binary: 
                             "not GGUF files; point model at the head's folder")
         check_gguf_head(Path(reference))
         return EngineHead(reference, gguf_sha256(Path(reference)), None)
-    folder = Path(reference)
-    if not folder.is_dir():  # a hub id: the engine downloads it; nothing here to check it against
-        if engine.loads_gguf:
-            raise HeadError(f"{reference}: llama.cpp loads GGUF files; point model at a local head folder (converted "
-                            "here) or at the head's .gguf file")
-        return EngineHead(reference, reference, None)
+    hub_id = None if Path(reference).is_dir() else reference
+    folder = head_folder(reference)  # a hub id: downloaded once into the Hugging Face cache, to check and convert
     target_folder = _target_folder(target)
     if target_folder is not None:
         from transformers import AutoConfig
@@ -80,8 +76,8 @@ def _engine_head(reference: str, target: str, engine: ServingEngine, *, binary: 
     else:
         read_config(folder, native=False)
     identity = folder_identity(folder)
-    if not engine.loads_gguf:
-        return EngineHead(str(folder), identity, str(folder))
+    if not engine.loads_gguf:  # a hub id as given: the engine finds it in the same cache
+        return EngineHead(hub_id or str(folder), identity, str(folder))
     if target_folder is None:
         raise HeadError(f"{folder}: converting a head for llama.cpp needs the target's local folder "
                         f"(--target-model-dir); {target} is not local")
