@@ -14,21 +14,12 @@ import time
 import pandas as pd
 import pytest
 
-from test_server_vllm import VLLM_PYTHON, needs_vllm, vllm_pids
+from test_server_vllm import needs_vllm, vllm_pids, vllm_server
 
 RESOLUTION = 0.25
 PROFILE = f"""
 name = "vllm-capacity"
-backend = "server"
-[server]
-engine = "vllm"
-binary = "{VLLM_PYTHON}"
-ready_timeout_s = 900
-extra_args = ["--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8", "--enforce-eager"]
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
-[target]
-model = "builtin:smollm2-135m-instruct"
-[[drafts]]
+{vllm_server(max_num_seqs=8)}[[drafts]]
 name = "ngram"
 method = "ngram"
 ngram_min = 3

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from test_server import LLAMA_SERVER, processes_running
-from test_server_vllm import VLLM_PYTHON, needs_vllm
+from test_server_vllm import VLLM_PYTHON, needs_vllm, vllm_server
 
 from specbench.backends.server.heads import find_converter, to_gguf
 from specbench.models import hf_folder
@@ -62,16 +62,7 @@ model = "{TARGET}"
 """,
     "vllm": f"""
 name = "e3-vllm"
-backend = "server"
-[server]
-engine = "vllm"
-binary = "{VLLM_PYTHON}"
-ready_timeout_s = 900
-extra_args = ["--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "4", "--enforce-eager"]
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
-[target]
-model = "{TARGET}"
-""",
+{vllm_server()}""",
     "llama.cpp": """
 name = "e3-llama"
 backend = "server"

@@ -25,18 +25,25 @@ VLLM_PYTHON = Path(os.environ.get("SPECBENCH_VLLM_PYTHON", ROOT / ".engines" / "
 needs_vllm = pytest.mark.skipif(not os.access(VLLM_PYTHON, os.X_OK),
                                 reason=f"no vLLM at {VLLM_PYTHON} (make engine-vllm installs it)")
 
-PROFILE = f"""
-name = "vllm-tiny"
-backend = "server"
+
+
+def vllm_server(*, max_num_seqs: int = 4) -> str:
+    """The backend, [server] and [target] of every vLLM test: the embedded SmolLM2 in fp32 on vLLM CPU, eager."""
+    return f"""backend = "server"
 [server]
 engine = "vllm"
 binary = "{VLLM_PYTHON}"
 ready_timeout_s = 900
-extra_args = ["--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "4", "--enforce-eager"]
+extra_args = ["--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "{max_num_seqs}", "--enforce-eager"]
 env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
 [target]
 model = "builtin:smollm2-135m-instruct"
-[[drafts]]
+"""
+
+
+PROFILE = f"""
+name = "vllm-tiny"
+{vllm_server()}[[drafts]]
 name = "ngram"
 method = "ngram"
 ngram_min = 1

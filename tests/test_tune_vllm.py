@@ -15,20 +15,11 @@ import sys
 import pandas as pd
 import pytest
 
-from test_server_vllm import VLLM_PYTHON, needs_vllm, vllm_pids
+from test_server_vllm import needs_vllm, vllm_pids, vllm_server
 
 PROFILE = f"""
 name = "vllm-load-tiny"
-backend = "server"
-[server]
-engine = "vllm"
-binary = "{VLLM_PYTHON}"
-ready_timeout_s = 900
-extra_args = ["--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "4", "--enforce-eager"]
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
-[target]
-model = "builtin:smollm2-135m-instruct"
-[[drafts]]
+{vllm_server()}[[drafts]]
 name = "ngram"
 method = "ngram"
 ngram_min = 2
