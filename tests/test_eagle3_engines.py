@@ -29,9 +29,21 @@ from test_server_vllm import VLLM_PYTHON, needs_vllm, vllm_server
 
 from specbench.backends.server.heads import find_converter, to_gguf
 from specbench.models import hf_folder
+from specbench.models.eagle3 import HeadError
 
 TARGET = "builtin:smollm2-135m-instruct"
-needs_llama = pytest.mark.skipif(not LLAMA_SERVER.exists(), reason=f"no llama-server at {LLAMA_SERVER} (make engines)")
+
+
+def _converter() -> Path | None:
+    try:
+        return find_converter(str(LLAMA_SERVER))
+    except HeadError:
+        return None
+
+
+CONVERTER = _converter() if LLAMA_SERVER.exists() else None
+needs_llama = pytest.mark.skipif(CONVERTER is None, reason=f"no llama-server at {LLAMA_SERVER}, or no llama.cpp "
+                                                          "converter above it (make engine-llama.cpp)")
 
 COMMON = """
 [[drafts]]
@@ -94,8 +106,8 @@ def runs(tmp_path_factory):
     done = {"native": _run(folder, "native", PROFILES["native"])}
     if VLLM_PYTHON.exists():
         done["vllm"] = _run(folder, "vllm", PROFILES["vllm"])
-    if LLAMA_SERVER.exists():
-        target = to_gguf(hf_folder(TARGET), folder / "target-f32.gguf", converter=find_converter(str(LLAMA_SERVER)))
+    if CONVERTER is not None:
+        target = to_gguf(hf_folder(TARGET), folder / "target-f32.gguf", converter=CONVERTER)
         done["llama.cpp"] = _run(folder, "llama", PROFILES["llama.cpp"].format(binary=LLAMA_SERVER, target=target))
     after = processes_running(b"vllm") | processes_running(b"llama-server")
     print(json.dumps({name: _positions(points) for name, (points, _, _) in done.items()}))
