@@ -89,5 +89,9 @@ bench-server: $(STAMP) engine-vllm
 bench-sharegpt: $(STAMP) engine-vllm
 	$(BIN)/python -m specbench.bench.sharegpt $(ARGS)
 
+# the same capacity search run twice (ARGS="--runs 3"): how far apart its capacities land here (~21 min)
+bench-capacity: $(STAMP) engine-vllm
+	$(BIN)/python -m specbench.bench.capacity $(ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .engines
