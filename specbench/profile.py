@@ -210,6 +210,8 @@ class RunSpec(_Spec):
     repeats: PositiveInt = 1
     warmup: NonNegativeInt = 1
     seed: StrictInt = 0
+    # native backend: static KV caches and compiled steps (CUDA graphs on a GPU); unset: on a GPU, off on a CPU
+    compile: StrictBool | None = None
 
 
 class Profile(_Spec):
@@ -419,9 +421,12 @@ def with_overrides(
     max_prompts: int | None = None,
     usd_per_hour: float | None = None,
     traffic_rps: float | None = None,
+    compile: bool | None = None,
 ) -> Profile:
     """The profile with CLI flags applied, validated like the file itself."""
     data = _as_data(profile)
+    if compile is not None:
+        data.setdefault("run", {})["compile"] = compile
     for key, value in (("usd_per_hour", usd_per_hour), ("traffic_rps", traffic_rps)):
         if value is not None:
             data.setdefault("cost", {})[key] = value

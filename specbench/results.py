@@ -240,6 +240,8 @@ _POINT_COLUMNS = [
     "failed_requests", "request_errors", "send_lateness_ms_p99",
     # added with predictions across gamma: the speedup this point's draft at its largest gamma predicts for it
     "max_gamma_predicted_speedup",
+    # added with static caches: "static" (compiled steps) or "dynamic", and why dynamic (native backend)
+    "kv_cache", "kv_cache_reason",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -253,7 +255,7 @@ _POINT_DTYPES = {
     "repeat_spread": "float64", "tpot_spread": "float64", "engine_drafts": "float64", "engine_draft_tokens": "float64",
     "engine_accepted_tokens": "float64", "slo": "string", "request_throughput": "float64", "goodput": "float64",
     "slo_met_fraction": "float64", "gamma_schedule": "string", "usd_per_mtok": "float64",
-    "failed_requests": "Int64", "request_errors": "string", **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
+    "failed_requests": "Int64", "request_errors": "string", "kv_cache": "string", "kv_cache_reason": "string", **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }
 

@@ -16,31 +16,31 @@ from specbench.devices import Clock
 from specbench.decoding import kv
 
 
-def verify_costs_ms(model: torch.nn.Module, *, max_tokens: int, context_tokens: int, repeats: int = 5,
-                    seed: int = 0) -> tuple[float, ...]:
+def verify_costs_ms(model: torch.nn.Module | kv.CachedModel, *, max_tokens: int, context_tokens: int,
+                    repeats: int = 5, seed: int = 0) -> tuple[float, ...]:
     """Median milliseconds of one forward pass of k new tokens after `context_tokens` cached ones, for
-    k = 1..max_tokens (index k - 1). The k are interleaved within each repeat, so drift on a shared
-    machine hits all of them alike; one untimed pass per k warms up first. Logits are computed for all k
-    positions, as verification needs them."""
+    k = 1..max_tokens (index k - 1), on the path the model decodes on (a StaticModel: its compiled steps). The k
+    are interleaved within each repeat, so drift on a shared machine hits all of them alike; one untimed pass
+    per k warms up first. Logits are computed for all k positions, as verification needs them."""
     if max_tokens < 1 or context_tokens < 1 or repeats < 1:
         raise ValueError("max_tokens, context_tokens and repeats must be >= 1")
-    device = next(model.parameters()).device
-    vocab = model.get_output_embeddings().weight.shape[0]
+    cached = kv.as_cached(model)
+    device = next(cached.model.parameters()).device
+    vocab = cached.model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(seed)
     context = torch.randint(0, vocab, (1, context_tokens), generator=generator).to(device)
     new = torch.randint(0, vocab, (1, max_tokens), generator=generator).to(device)
     times: dict[int, list[float]] = {k: [] for k in range(1, max_tokens + 1)}
     with torch.inference_mode():
-        cache = kv.new_cache(model)
         # the cache holds up to context_tokens + max_tokens positions: a sequence one longer, less its newest token
-        kv.check_window(cache, kv.model_name(model), max_length=context_tokens + max_tokens + 1)
-        kv.forward(model, context, cache, last=1)
+        cached.begin(context_tokens + max_tokens + 1, rolls_back=True)
+        cached.prefill(context)
         for timed in [False] + [True] * repeats:
             for k in times:
                 clock = Clock(device)
-                kv.forward(model, new[:, :k], cache)
+                cached.forward(new[:, :k])
                 elapsed = clock.now()
-                kv.crop(cache, context_tokens)
+                cached.crop(context_tokens)
                 if timed:
                     times[k].append(elapsed)
     return tuple(1000.0 * statistics.median(times[k]) for k in times)

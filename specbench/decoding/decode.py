@@ -23,7 +23,7 @@ class StepState:
 
 
 def generate(
-    target: torch.nn.Module,
+    target: torch.nn.Module | kv.CachedModel,
     proposer: Proposer,
     prompt_ids: list[int],
     *,
@@ -36,25 +36,25 @@ def generate(
     on_step: Callable[[StepState], None] | None = None,
 ) -> Trace:
     """Generate up to max_new_tokens after prompt_ids; the output is distributed exactly as the target's
-    (token-for-token identical to autoregressive decoding at temperature 0)."""
+    (token-for-token identical to autoregressive decoding at temperature 0). A plain module decodes on a
+    DynamicCache; a `static.StaticModel` on its static cache with compiled steps."""
     if gamma < 1 or max_new_tokens < 1 or not prompt_ids:
         raise ValueError("need gamma >= 1, max_new_tokens >= 1 and a non-empty prompt")
-    device = next(target.parameters()).device
+    target = kv.as_cached(target)
+    device = next(target.model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
     stop = set(eos_token_ids)
-    name, max_length = kv.model_name(target), len(prompt_ids) + max_new_tokens
+    max_length = len(prompt_ids) + max_new_tokens
 
     with torch.inference_mode():
         memory = PeakMemory(device)
         memory.start()
         clock = Clock(device)
-        cache = kv.new_cache(target)
-        if not isinstance(proposer, BaselineProposer):  # the baseline never rolls its cache back
-            kv.check_window(cache, name, max_length=max_length)
+        # the baseline never rolls its cache back
+        target.begin(max_length, rolls_back=not isinstance(proposer, BaselineProposer))
         proposer.prefill(prompt_ids, max_length=max_length)
-        logits = kv.forward(target, torch.tensor([prompt_ids], device=device), cache, last=1)[-1]  # [V]
-        kv.check_croppable(cache, name)
+        logits = target.prefill(torch.tensor([prompt_ids], device=device))  # [V]
         _check_logits(logits, "prefill")
         first = int(logits.argmax() if sampler.greedy else sampler.sample(sampler.probs(logits)))
         gaps = [top2_gap(logits).view(1)] if sampler.greedy else []  # on the device until the request ends
@@ -70,7 +70,7 @@ def generate(
             drafted_at = clock.now()
 
             step_input = torch.cat([torch.tensor([sequence[-1]], device=device), drafted]).view(1, -1)
-            logits = kv.forward(target, step_input, cache)  # [k+1, V]
+            logits = target.forward(step_input)  # [k+1, V]
             _check_logits(logits, f"step {len(steps) + 1}")
             if sampler.greedy:
                 accepted, token = verify_greedy(logits, drafted)
@@ -78,7 +78,7 @@ def generate(
                 draft_probs = proposal.probs if proposal is not None else None
                 accepted, token = verify_sampling(sampler.probs(logits), drafted, draft_probs, generator=generator)
             new_tokens = [*drafted[:accepted].tolist(), token]
-            kv.crop(cache, len(sequence) + accepted)  # the new token is fed next step
+            target.crop(len(sequence) + accepted)  # the new token is fed next step
             proposer.rollback(len(sequence) + accepted)
 
             new_tokens, accepted = _stop_at_eos(new_tokens, accepted, stop)
@@ -95,7 +95,7 @@ def generate(
                 draft_s=drafted_at - started, verify_s=verified_at - drafted_at,
             ))
             if on_step is not None:
-                on_step(StepState(len(sequence), kv.cache_length(cache)))
+                on_step(StepState(len(sequence), target.length))
 
     return Trace(
         prompt_tokens=len(prompt_ids),

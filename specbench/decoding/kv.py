@@ -1,9 +1,13 @@
-"""A causal LM with a KV cache: forward only the new tokens, roll the cache back after a rejection."""
+"""A causal LM with a KV cache: forward only the new tokens, roll the cache back after a rejection.
+
+`CachedModel` is what the decoder and the draft proposer hold: `DynamicModel` here (a DynamicCache per request,
+any model), or `static.StaticModel` (one preallocated cache, compiled steps; full-attention models)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
@@ -17,10 +21,70 @@ CHUNK_TOKENS = 64  # a growing layer's buffer grows by this many positions at a 
 
 
 @functools.cache
-def _cache_keyword(model_class: type) -> str:
+def cache_keyword(model_class: type) -> str:
     """transformers 5.x names the cache argument `cache`; earlier releases `past_key_values`."""
     parameters = inspect.signature(model_class.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
+
+
+class CachedModel(Protocol):
+    """A model and the KV cache of the request it is decoding."""
+
+    model: torch.nn.Module
+    kind: str  # "dynamic" | "static": the kv_cache column of a point
+
+    def begin(self, max_length: int, *, rolls_back: bool) -> None:
+        """Start a request of up to max_length tokens with an empty cache; raises a ValueError when the cache
+        cannot hold it (or, with rolls_back, cannot roll back a rejection in it)."""
+
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [1, P] (the prompt) -> the last position's logits [V]."""
+
+    def forward(self, input_ids: torch.Tensor, *, last: int | None = None) -> torch.Tensor:
+        """input_ids [1, T] after the cached tokens -> logits [T', V] of the last `last` positions (all T when None)."""
+
+    def crop(self, length: int) -> None:
+        """Forget the cached positions from `length` on."""
+
+    @property
+    def length(self) -> int:
+        """Cached positions."""
+
+
+class DynamicModel:
+    """A model with a DynamicCache per request: any cache layout transformers builds (sliding windows, linear
+    attention), eager forward passes."""
+
+    kind = "dynamic"
+
+    def __init__(self, model: torch.nn.Module, *, name: str | None = None):
+        self.model, self.name = model, name or model_name(model)
+        self.cache = new_cache(model)
+
+    def begin(self, max_length: int, *, rolls_back: bool) -> None:
+        self.cache = new_cache(self.model)
+        if rolls_back:
+            check_window(self.cache, self.name, max_length=max_length)
+
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        logits = forward(self.model, input_ids, self.cache, last=1)[-1]
+        check_croppable(self.cache, self.name)
+        return logits
+
+    def forward(self, input_ids: torch.Tensor, *, last: int | None = None) -> torch.Tensor:
+        return forward(self.model, input_ids, self.cache, last=last)
+
+    def crop(self, length: int) -> None:
+        crop(self.cache, length)
+
+    @property
+    def length(self) -> int:
+        return cache_length(self.cache)
+
+
+def as_cached(model: "torch.nn.Module | CachedModel", *, name: str | None = None) -> CachedModel:
+    """A plain module decodes on a DynamicCache; a CachedModel (a StaticModel) is used as it is."""
+    return DynamicModel(model, name=name) if isinstance(model, torch.nn.Module) else model
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
@@ -74,7 +138,7 @@ if DynamicLayer is not None:
 def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache, *, last: int | None = None) -> torch.Tensor:
     """input_ids [1, T] appended after the cached tokens -> logits [T', V] for the last `last` positions
     (all T when None). The cache grows by T."""
-    kwargs = {_cache_keyword(type(model)): cache, "use_cache": True}
+    kwargs = {cache_keyword(type(model)): cache, "use_cache": True}
     if last is not None:
         kwargs["logits_to_keep"] = last
     return model(input_ids=input_ids, **kwargs).logits[0]

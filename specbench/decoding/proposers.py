@@ -70,34 +70,36 @@ class DraftModelProposer:
 
     method = "draft"
 
-    def __init__(self, model: torch.nn.Module, *, vocab_size: int, device: torch.device, name: str | None = None):
-        self.model = model
+    def __init__(self, model: torch.nn.Module | kv.CachedModel, *, vocab_size: int, device: torch.device,
+                 name: str | None = None):
+        self.cached = kv.as_cached(model, name=name)  # a plain module drafts on a DynamicCache
+        self.model = self.cached.model
         self.vocab_size = vocab_size
         self.device = device
-        self.name = name or kv.model_name(model)
-        self.cache = kv.new_cache(model)
-        self.input_vocab_size = model.get_input_embeddings().weight.shape[0]
-        self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        self.name = name or kv.model_name(self.model)
+        self.input_vocab_size = self.model.get_input_embeddings().weight.shape[0]
+        self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+
+    @property
+    def cache(self):
+        return self.cached.cache
 
     def prefill(self, prompt_ids: list[int], *, max_length: int) -> None:
-        self.cache = kv.new_cache(self.model)
-        kv.check_window(self.cache, self.name, max_length=max_length)
-        kv.forward(self.model, self._input(prompt_ids), self.cache, last=1)
-        kv.check_croppable(self.cache, self.name)
+        self.cached.begin(max_length, rolls_back=True)
+        self.cached.prefill(self._input(prompt_ids))
 
     def propose(self, sequence: list[int], k: int, sampler: Sampler) -> Proposal:
-        cached = kv.cache_length(self.cache)
-        step_input = self._input(sequence[cached:])  # [1, T>=1]: the tokens not yet cached
+        step_input = self._input(sequence[self.cached.length:])  # [1, T>=1]: the tokens not yet cached
         tokens, probs = [], []
         for _ in range(k):
-            logits = self._align(kv.forward(self.model, step_input, self.cache, last=1)[-1])  # [V]
+            logits = self._align(self.cached.forward(step_input, last=1)[-1])  # [V]
             token = draw(logits, sampler, probs)
             tokens.append(token)
             step_input = token.view(1, 1)
         return Proposal(torch.stack(tokens), torch.stack(probs) if probs else None)
 
     def rollback(self, length: int) -> None:
-        kv.crop(self.cache, length)
+        self.cached.crop(length)
 
     def _input(self, ids: list[int]) -> torch.Tensor:
         if max(ids) >= self.input_vocab_size:

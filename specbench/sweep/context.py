@@ -52,12 +52,13 @@ class RunContext:
 
 
 def open_run(profile: Profile, *, observer: Observer, out_dir: Path | None = None) -> RunContext:
-    """Open the profile's backend session (load the models, or launch what it needs) and key the run."""
+    """Open the profile's backend session (load the models, or launch what it needs) and key the run. run.compile is
+    keyed through the session's identity, as what it resolved to (a compiled native session says so there)."""
     backend = get_backend(profile.backend)
     session = backend.open(profile, observer=observer, out_dir=out_dir)
     run_key = stable_hash({
         **session.identity, "workload": workload_fingerprint(session.prompts),
-        "max_new_tokens": profile.workload.max_new_tokens, "run": profile.run.model_dump(), **_sent(session, profile),
+        "max_new_tokens": profile.workload.max_new_tokens, "run": profile.run.model_dump(exclude={"compile"}), **_sent(session, profile),
     })
     return RunContext(profile, backend, session, run_key)
 

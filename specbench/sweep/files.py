@@ -32,7 +32,7 @@ from specbench.workloads import workload_fingerprint
 # counted over the point (acceptance, peak memory)
 CONTEXT_COLUMNS = ("backend", "target_model", "weight_mb", "point_key", "other_cpu_share", "gpu_other_processes",
                    "acceptance_source", "engine_drafts", "engine_draft_tokens", "engine_accepted_tokens",
-                   "engine_accepted_per_position", "server_peak_rss_mb")
+                   "engine_accepted_per_position", "server_peak_rss_mb", "kv_cache", "kv_cache_reason")
 
 
 class ResumeError(ValueError):
@@ -112,7 +112,10 @@ class RunFiles:
         """Mark the manifest finished (with what a server backend launched meanwhile); returns it."""
         with self.lock():
             data = json.loads(self.manifest_path.read_text())
-            launched = ctx.session.describe().get("server") if ctx is not None else None
+            described = ctx.session.describe() if ctx is not None else {}
+            launched = described.get("server")
+            if "compile" in described:  # buckets compiled after the start (a gamma beyond the profile's)
+                data["compile"] = described["compile"]
             if launched is not None:
                 previous = (data.get("server") or {}).get("launches", [])
                 data["server"] = {**launched, "launches": previous + [
@@ -229,6 +232,8 @@ def manifest(ctx: RunContext, *, started: str) -> dict[str, Any]:
                      "stats": ctx.session.workload.stats()},
         "environment": described["environment"],
         **({"server": described["server"]} if "server" in described else {}),
+        # native: static caches and compiled steps, and what compiling cost (seconds per model and step bucket)
+        **({"compile": described["compile"]} if "compile" in described else {}),
         # the target's forward pass at k = 1.. tokens (ms), timed once per run: the verify costs of the speedups
         # predicted from each draft's largest gamma (max_gamma_predicted_speedup)
         **({"verify_ms_by_tokens": list(ctx.verify_ms_by_tokens())}

@@ -1,0 +1,127 @@
+"""A causal LM on a static KV cache, its decode and verify steps compiled (gpt-fast's recipe).
+
+One preallocated cache of `capacity` positions per model serves every request: a request starts at position 0
+and a rollback after a rejected draft only moves the write position back (the stale keys and values beyond it
+are masked out, then overwritten). A step of T new tokens is padded to a bucket of token counts (BUCKETS), so
+that gamma 1..8 and the draft's 1- or 2-token steps reuse five compiled graphs instead of one per T; the padding
+positions are written past the sequence's end, where the causal mask hides them until a later step overwrites
+them. The prompt's prefill runs eagerly (its length varies). Compiled with inductor on a CPU, with CUDA graphs
+(mode "reduce-overhead") on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
+
+from specbench.devices import Clock
+from specbench.decoding import kv
+
+BUCKETS = (1, 2, 4, 6, 9, 12, 16)  # verify k + 1 tokens: gamma 1..8 pad to 2, 4, 6 or 9; more tokens to a multiple of 8
+RECOMPILE_LIMIT = 64  # graphs per compiled function: buckets x models (torch's default, 8, would fall back to eager)
+
+
+def bucket(tokens: int) -> int:
+    """The padded length of a step of `tokens` new tokens."""
+    return next((size for size in BUCKETS if size >= tokens), -(-tokens // 8) * 8)
+
+
+def unsupported(model: torch.nn.Module) -> str | None:
+    """Why the static cache cannot serve `model`, or None when it can: every layer must be full attention
+    (a sliding window or linear attention needs the dynamic cache's own bookkeeping)."""
+    try:
+        layers = StaticCache(config=model.config, max_cache_len=1).layers  # allocates nothing until first used
+    except (TypeError, ValueError, KeyError, AttributeError) as error:
+        return f"transformers builds no static cache for {type(model).__name__} ({error})"
+    kinds = sorted({type(layer).__name__ for layer in layers if type(layer) is not StaticLayer})
+    if kinds:
+        return f"cache layers {', '.join(kinds)} (sliding window or linear attention)"
+    if not getattr(model, "_can_compile_fullgraph", False):
+        return f"{type(model).__name__} does not declare a compilable forward"
+    return None
+
+
+class StaticModel:
+    """A model, its static cache and its compiled step; one per model, reused by every request (`kv.CachedModel`)."""
+
+    kind = "static"
+
+    def __init__(self, model: torch.nn.Module, *, capacity: int, compile: bool = True, name: str | None = None):
+        reason = unsupported(model)
+        if reason is not None:
+            raise ValueError(f"model '{name or kv.model_name(model)}' cannot use a static KV cache: {reason}")
+        self.model, self.capacity, self.name = model, capacity, name or kv.model_name(model)
+        self.device = next(model.parameters()).device
+        self.cache = StaticCache(config=model.config, max_cache_len=capacity)
+        self._cache_argument = {kv.cache_keyword(type(model)): self.cache}  # resolved here, not while compiling
+        self.graphs = compile and self.device.type == "cuda"  # CUDA graphs replay into the same output buffers
+        self.compiled = compile
+        self.step = _compiled(self._step, graphs=self.graphs) if compile else self._step
+        self.compile_s: dict[int, float] = {}  # bucket -> seconds of its warm-up (compilation, graph capture)
+        self._length = 0
+
+    def begin(self, max_length: int, *, rolls_back: bool) -> None:
+        if max_length + BUCKETS[-1] > self.capacity:  # room for any step's padding
+            raise ValueError(f"a request of {max_length} tokens does not fit the static KV cache of model "
+                             f"'{self.name}' ({self.capacity} positions); build it with capacity >= "
+                             f"{max_length + BUCKETS[-1]}")
+        self._length = 0
+
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Eager: the prompt [1, P] from position 0 -> the last position's logits [V]."""
+        self._seek(0)
+        logits = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **self._cache_argument).logits[0, -1]
+        self._length = input_ids.shape[1]
+        return logits
+
+    def forward(self, input_ids: torch.Tensor, *, last: int | None = None) -> torch.Tensor:
+        """Compiled: input_ids [1, T] at the cached length -> logits [T', V] (T' = last, or T)."""
+        tokens = input_ids.shape[1]
+        padded = bucket(tokens)
+        if self._length + padded > self.capacity:
+            raise ValueError(f"the static KV cache of model '{self.name}' ({self.capacity} positions) is full at "
+                             f"{self._length} cached + {padded} new positions; build it with a larger capacity")
+        if padded > tokens:  # any id will do: the padding positions' outputs are dropped and their keys masked
+            input_ids = torch.cat([input_ids, input_ids.new_zeros((1, padded - tokens))], dim=1)
+        self._seek(self._length)
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        logits = self.step(input_ids)  # [padded, V]
+        self._length += tokens
+        rows = logits[tokens - (last or tokens) : tokens]
+        return rows.clone() if self.graphs else rows  # the next replay overwrites the graph's output
+
+    def crop(self, length: int) -> None:
+        self._length = min(self._length, length)  # an index move: the positions beyond are masked, then overwritten
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def warm_up(self, tokens: range) -> None:
+        """Compile (and on a GPU capture) the step of every bucket that `tokens` new tokens pad to, outside any
+        timed region; each bucket's seconds go to compile_s. Raises what compilation raises."""
+        with torch.inference_mode():
+            for size in sorted({bucket(t) for t in tokens} - set(self.compile_s)):
+                self.begin(size + 1, rolls_back=True)
+                self.prefill(torch.zeros((1, 1), dtype=torch.long, device=self.device))
+                clock = Clock(self.device)
+                for _ in range(3 if self.graphs else 1):  # CUDA graph trees record on the second call, replay from the third
+                    self.forward(torch.zeros((1, size), dtype=torch.long, device=self.device))
+                    self.crop(1)
+                self.compile_s[size] = clock.now()
+
+    def _step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=True, **self._cache_argument).logits[0]
+
+    def _seek(self, length: int) -> None:
+        """Write the next positions from `length` on (each layer keeps its own write position)."""
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(length)
+
+
+def _compiled(step, *, graphs: bool):
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True  # never fall back to eager silently
+    return torch.compile(step, mode="reduce-overhead" if graphs else None, dynamic=False, fullgraph=True)

@@ -1,0 +1,183 @@
+"""The static KV cache and compiled steps (specbench.decoding.static): lossless as the dynamic path (greedy
+equality, the sampling distribution), rollback as an index move, one compiled graph per bucket, and the models
+it refuses by name."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from typer.testing import CliRunner
+
+from specbench.cli import app
+
+from specbench.decoding import BaselineProposer, DraftModelProposer, NgramProposer, StepState, generate
+from specbench.decoding import decode
+from specbench.decoding.static import BUCKETS, StaticModel, bucket, unsupported
+from specbench.profile import load_profile, with_overrides
+from test_decoding import MAX_NEW, PROMPT, check_accounting, tiny_mistral
+from test_sampling import (GAMMA, P_MIN, SAMPLES, TOKENS, VOCAB, exact_joint, inverted_verify_sampling,
+                           pair_p_values)
+from tiny import DEVICE, perturbed, tiny_llama, tiny_profile, write_project
+
+CAPACITY = len(PROMPT) + MAX_NEW + BUCKETS[-1]
+
+
+@pytest.fixture(scope="module")
+def models():
+    """The target and a close draft, eager, and each on a static cache with its steps compiled."""
+    target = tiny_llama()
+    draft = perturbed(target, scale=0.01)
+    static_target = StaticModel(target, capacity=CAPACITY)
+    static_target.warm_up(range(1, 7))  # gamma <= 5
+    static_draft = StaticModel(draft, capacity=CAPACITY)
+    static_draft.warm_up(range(1, 3))
+    return target, draft, static_target, static_draft
+
+
+def test_gamma_1_to_8_needs_five_buckets_and_pads_little():
+    assert sorted({bucket(gamma + 1) for gamma in range(1, 9)}) == [2, 4, 6, 9]
+    assert bucket(1) == 1 and bucket(17) == 24
+    assert all(bucket(t) >= t and bucket(t) <= 1.5 * t for t in range(1, 40))
+
+
+def test_compiled_greedy_equals_the_eager_baseline(models):
+    target, draft, static_target, static_draft = models
+    expected = generate(target, BaselineProposer(DEVICE), PROMPT, gamma=1, temperature=0.0, max_new_tokens=MAX_NEW)
+    baseline = generate(static_target, BaselineProposer(DEVICE), PROMPT, gamma=1, temperature=0.0,
+                        max_new_tokens=MAX_NEW)
+    assert baseline.output_ids == expected.output_ids
+    for gamma in (1, 3, 5):
+        for proposer in (DraftModelProposer(static_draft, vocab_size=64, device=DEVICE), NgramProposer(device=DEVICE)):
+            trace = generate(static_target, proposer, PROMPT, gamma=gamma, temperature=0.0, max_new_tokens=MAX_NEW)
+            assert trace.output_ids == expected.output_ids, (proposer.method, gamma)
+            check_accounting(trace, gamma=gamma)
+            assert 0 < trace.accepted_tokens < trace.drafted_tokens, "the test needs accepted and rejected drafts"
+
+
+def test_a_rollback_moves_an_index_and_no_step_recompiles(models):
+    target, draft, static_target, static_draft = models
+    keys = [layer.keys for layer in static_target.cache.layers]
+    before = [k.clone() for k in keys]
+    graphs = counters["stats"]["unique_graphs"]
+    proposer = DraftModelProposer(static_draft, vocab_size=64, device=DEVICE)
+    states: list[tuple[StepState, int]] = []
+    for gamma in (1, 2, 3, 4, 5):
+        trace = generate(static_target, proposer, PROMPT, gamma=gamma, temperature=0.0, max_new_tokens=MAX_NEW,
+                         on_step=lambda state: states.append((state, static_draft.length)))
+        assert trace.rejected_steps > 0
+    assert counters["stats"]["unique_graphs"] == graphs, "a step compiled a new graph after the warm-up"
+    for state, draft_length in states:
+        assert state.target_cache_length == state.sequence_length - 1
+        assert state.sequence_length - 2 <= draft_length <= state.sequence_length - 1
+    # the same buffers throughout, written in place (a copy on rollback would leave them as they were)
+    assert all(layer.keys is k for layer, k in zip(static_target.cache.layers, keys))
+    assert any(not torch.equal(k, b) for k, b in zip(keys, before))
+
+
+def test_models_the_static_cache_cannot_serve_are_named():
+    assert unsupported(tiny_llama()) is None
+    assert unsupported(tiny_mistral(sliding_window=16)) == (
+        "cache layers StaticSlidingWindowLayer (sliding window or linear attention)")
+    with pytest.raises(ValueError, match=re.escape("model 'mistral' cannot use a static KV cache: cache layers "
+                                                   "StaticSlidingWindowLayer (sliding window or linear attention)")):
+        StaticModel(tiny_mistral(sliding_window=16), capacity=64, name="mistral")
+
+
+def test_a_request_longer_than_the_cache_is_refused_before_it_starts(models):
+    target, _, _, _ = models
+    small = StaticModel(target, capacity=40, compile=False)
+    with pytest.raises(ValueError, match=re.escape(f"a request of {len(PROMPT) + MAX_NEW} tokens does not fit the "
+                                                   "static KV cache of model 'LlamaForCausalLM' (40 positions); build "
+                                                   f"it with capacity >= {len(PROMPT) + MAX_NEW + 16}")):
+        generate(small, BaselineProposer(DEVICE), PROMPT, gamma=1, temperature=0.0, max_new_tokens=MAX_NEW)
+
+
+def test_run_compile_is_a_profile_key_and_a_flag():
+    profile = load_profile("profiles/quickstart.toml")
+    assert profile.run.compile is None
+    assert with_overrides(profile, compile=False).run.compile is False
+    assert with_overrides(profile, compile=True).run.compile is True
+
+
+def test_a_run_records_its_cache_per_point_and_its_compilation_in_the_manifest(tmp_path, models_dir, monkeypatch):
+    """`specbench run --compile`: every point static, greedy outputs equal to the baseline's, each model's compile
+    seconds per step bucket in the manifest; `--no-compile`: dynamic, and why."""
+    monkeypatch.chdir(tmp_path)
+    write_project(tmp_path, profile=tiny_profile(gamma=(2, 3), temperature=(0.0,), repeats=1),
+                  prompts=[("the cat sat on the mat and the dog ran fast", "chat")], models=models_dir)
+    for flag, kind in (("--compile", "static"), ("--no-compile", "dynamic")):
+        result = CliRunner().invoke(app, ["run", "tiny.toml", flag, "--out", kind])
+        assert result.exit_code == 0, result.output
+        points = pd.read_parquet(tmp_path / kind / "points.parquet")
+        assert (points["status"] == "ok").all() and points["outputs_match_baseline"].all()
+        assert list(points["kv_cache"]) == [kind] * len(points) == [kind] * 5
+        compiled = json.loads((tmp_path / kind / "manifest.json").read_text())["compile"]
+        if kind == "dynamic":
+            assert set(points["kv_cache_reason"]) == {"run.compile is off"}
+            assert compiled == {"enabled": False}
+            continue
+        assert points["kv_cache_reason"].isna().all()
+        assert compiled["enabled"]
+        models = {Path(name).name: entry for name, entry in compiled["models"].items()}
+        assert set(models) == {"target", "draft"}
+        assert set(models["target"]["compile_s_by_step_tokens"]) == {"1", "2", "4"}  # gamma 2, 3
+        assert set(models["draft"]["compile_s_by_step_tokens"]) == {"1", "2"}
+        assert all(entry["kv_cache"] == "static" and entry["compile_s"] > 0 for entry in models.values())
+
+
+# --- the sampling distribution on the compiled path (test_sampling's end-to-end check) -------------------
+
+
+@pytest.fixture(scope="module")
+def sampling_setup():
+    target = tiny_llama(vocab_size=VOCAB, layers=1, hidden=32, seed=3, init_std=0.3)
+    start = [3, 7, 1, 12, 5]
+    continuation = generate(target, BaselineProposer(DEVICE), start, gamma=1, temperature=0.0, max_new_tokens=14)
+    prompt = start + list(continuation.output_ids)
+    capacity = len(prompt) + TOKENS + BUCKETS[-1]
+    static_target, static_draft = (StaticModel(model, capacity=capacity)
+                                   for model in (target, perturbed(target, scale=0.3)))
+    return target, static_target, static_draft, prompt
+
+
+def static_joint(static_target, make_proposer, prompt: list[int], *, temperature: float, top_p: float):
+    counts = np.zeros((VOCAB,) * TOKENS, dtype=np.int64)
+    drafted = accepted = 0
+    for seed in range(SAMPLES):
+        trace = generate(static_target, make_proposer(), prompt, gamma=GAMMA, temperature=temperature, top_p=top_p,
+                         max_new_tokens=TOKENS, seed=seed)
+        counts[trace.output_ids] += 1
+        drafted, accepted = drafted + (trace.drafted_tokens or 0), accepted + trace.accepted_tokens
+    return counts, drafted, accepted
+
+
+def factory(method: str, static_draft):
+    return {"baseline": lambda: BaselineProposer(DEVICE),
+            "draft": lambda: DraftModelProposer(static_draft, vocab_size=VOCAB, device=DEVICE),
+            "ngram": lambda: NgramProposer(ngram_min=1, ngram_max=2, device=DEVICE)}[method]
+
+
+@pytest.mark.parametrize("method", ["baseline", "draft", "ngram"])
+def test_compiled_generation_matches_the_target_distribution(sampling_setup, method):
+    target, static_target, static_draft, prompt = sampling_setup
+    exact = exact_joint(target, prompt, temperature=1.0, top_p=0.8)
+    counts, drafted, accepted = static_joint(static_target, factory(method, static_draft), prompt,
+                                             temperature=1.0, top_p=0.8)
+    if method != "baseline":
+        assert 0.05 * drafted < accepted < 0.95 * drafted, "the test needs both accepted and rejected drafts"
+    assert min(pair_p_values(counts, exact)) > P_MIN
+
+
+def test_a_broken_acceptance_rule_is_caught_on_the_compiled_path(sampling_setup, monkeypatch):
+    monkeypatch.setattr(decode, "verify_sampling", inverted_verify_sampling)
+    target, static_target, static_draft, prompt = sampling_setup
+    exact = exact_joint(target, prompt, temperature=1.0, top_p=1.0)
+    counts, _, _ = static_joint(static_target, factory("draft", static_draft), prompt, temperature=1.0, top_p=1.0)
+    assert min(pair_p_values(counts, exact)) < P_MIN
