@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -124,12 +123,33 @@ def test_a_run_records_its_cache_per_point_and_its_compilation_in_the_manifest(t
             assert compiled == {"enabled": False}
             continue
         assert points["kv_cache_reason"].isna().all()
-        assert compiled["enabled"]
-        models = {Path(name).name: entry for name, entry in compiled["models"].items()}
-        assert set(models) == {"target", "draft"}
+        assert compiled["enabled"] and compiled["fallback"] is None
+        models = compiled["models"]
+        assert set(models) == {"target", "draft close"}
         assert set(models["target"]["compile_s_by_step_tokens"]) == {"1", "2", "4"}  # gamma 2, 3
-        assert set(models["draft"]["compile_s_by_step_tokens"]) == {"1", "2"}
+        assert set(models["draft close"]["compile_s_by_step_tokens"]) == {"1", "2"}
         assert all(entry["kv_cache"] == "static" and entry["compile_s"] > 0 for entry in models.values())
+
+
+def test_a_draft_that_cannot_compile_keeps_every_point_eager_and_says_why(tmp_path, models_dir, monkeypatch):
+    """An int8 dynamically quantised draft (its packed weights are opaque to torch.compile, as the quickstart's
+    self-draft's are): no point of the run decodes compiled — a compiled baseline under eager draft points would
+    credit the draft with the compiler's loss — and the target's compilation is not spent."""
+    monkeypatch.chdir(tmp_path)
+    profile = tiny_profile(gamma=(2,), temperature=(0.0,), repeats=1).replace(
+        'model = "./draft"\n', 'model = "./draft"\nquantize = "int8"\n')
+    write_project(tmp_path, profile=profile, prompts=[("the cat sat on the mat and the dog ran fast", "chat")],
+                  models=models_dir)
+    result = CliRunner().invoke(app, ["run", "tiny.toml", "--compile", "--out", "out"])
+    assert result.exit_code == 0, result.output
+    points = pd.read_parquet(tmp_path / "out" / "points.parquet")
+    assert (points["status"] == "ok").all() and list(points["kv_cache"]) == ["dynamic"] * 3
+    reasons = set(points["kv_cache_reason"])
+    assert len(reasons) == 1 and re.fullmatch(r"draft close failed to compile: .+: every point decodes eagerly",
+                                              reasons.pop())
+    compiled = json.loads((tmp_path / "out" / "manifest.json").read_text())["compile"]
+    assert compiled["enabled"] and compiled["fallback"].startswith("draft close failed to compile")
+    assert compiled["models"] == {}
 
 
 # --- the sampling distribution on the compiled path (test_sampling's end-to-end check) -------------------

@@ -12,15 +12,17 @@ from specbench.decoding import BaselineProposer, DraftModelProposer, Eagle3Propo
 from specbench.decoding.costs import verify_costs_ms
 from specbench.decoding.static import BUCKETS, StaticModel
 from specbench.errors import one_line
+from specbench.models import LoadedModel
 from specbench.results import PointSpec
 
 DRAFT_STEP_TOKENS = 2  # a draft model's step feeds at most the bonus token and the last accepted draft
 
 
 def compile_enabled(models: LoadedModels) -> bool:
-    """run.compile, else on a GPU only. On the 2-core CPU the embedded SmolLM2-135M's compiled steps were ~11 % faster
-    than eager ones (1 thread: 49.6 vs 55.7 ms at 1 token, 80.7 vs 91.5 ms at 4) while compiling cost 30-50 s per
-    step bucket: more than a quickstart-sized run saves."""
+    """run.compile, else on a GPU only. On the 2-core CPU (`make bench-compiled`, embedded SmolLM2-135M, fp32) the
+    compiled baseline made 1.17x [1.16, 1.18] the eager tokens/s, but compiling its three step buckets took 23 s
+    with inductor's cache warm, 30-53 s per bucket cold: more than a quickstart-sized run saves, and its int8
+    self-draft cannot compile at all (the run would fall back to eager)."""
     chosen = models.profile.run.compile
     return chosen if chosen is not None else models.device.type == "cuda"
 
@@ -32,60 +34,63 @@ class NativeSession(InProcessSession):
         super().__init__(models)
         self._verify_costs: dict[int, tuple[float, ...]] = {}
         self.compiled = compile_enabled(models)
-        # each distinct model (target, drafts): its StaticModel, or why it decodes on a dynamic cache
-        self.static: dict[int, StaticModel | str] = {}
+        # with run.compile: each distinct model's StaticModel (the target's and the drafts'), or why none serves the run
+        self.static: dict[int, StaticModel] = {}
+        self.fallback: str | None = None
         if self.compiled:
             self._prepare_static()
 
     def _prepare_static(self) -> None:
-        """A static cache for every model that can take one, its steps compiled for the profile's gammas now,
-        before the manifest and the first point; a model that fails to compile keeps the dynamic cache."""
+        """A static cache for every model of the run, its steps compiled for the profile's gammas now, before the
+        manifest and the first point — or none at all: when one model cannot take one (a cache layout it cannot
+        hold, a compilation that fails, an EAGLE-3 head's hooks), every point decodes eagerly, so that each speedup
+        divides like by like (a compiled baseline under an eager draft's points would credit the draft with the
+        compiler's loss). Drafts first: they are where it fails, and the target's compilation is then not spent."""
         m = self.models
+        heads = [spec.name for spec in m.profile.drafts if spec.method == "eagle3"]
+        if heads:
+            self.fallback = (f"draft {heads[0]} is an EAGLE-3 head, which reads the target's hidden states through "
+                             "hooks and runs eagerly: every point decodes eagerly")
+            return
         capacity = max(len(ids) + budget for ids, budget in zip(m.prompt_ids, m.workload.max_new_tokens)) + BUCKETS[-1]
         max_gamma = max(m.profile.all_gammas(), default=1)
-        needs = [(m.target.model, m.target.name, max_gamma + 1)]
-        needs += [(draft.model, draft.name, DRAFT_STEP_TOKENS) for spec in m.profile.drafts if spec.method == "draft"
-                  and not isinstance(draft := m.drafts.get(spec.name), Exception) and draft is not None]
-        for model, name, tokens in needs:
+        needs = [(draft.model, f"draft {spec.name}", DRAFT_STEP_TOKENS) for spec in m.profile.drafts
+                 if spec.method == "draft" and isinstance(draft := m.drafts.get(spec.name), LoadedModel)]
+        needs.append((m.target.model, "target", max_gamma + 1))
+        for model, role, tokens in needs:
             if id(model) in self.static:
                 continue
             try:
-                static = StaticModel(model, capacity=capacity, name=name)
+                static = StaticModel(model, capacity=capacity, name=role)
                 static.warm_up(range(1, tokens + 1))
-                self.static[id(model)] = static
             except ValueError as error:  # a cache layout the static cache cannot hold
-                self.static[id(model)] = one_line(error)
-            except Exception as error:  # noqa: BLE001 - whatever compilation raises: this model stays eager
-                self.static[id(model)] = f"compilation failed: {one_line(error)}"
+                reason = one_line(error)
+            except Exception as error:  # noqa: BLE001 - whatever compilation raises
+                reason = f"{role} failed to compile: {one_line(error)}"
+            else:
+                self.static[id(model)] = static
+                continue
+            self.static.clear()
+            self.fallback = f"{reason}: every point decodes eagerly"
+            return
 
     def decoding(self, model: torch.nn.Module) -> torch.nn.Module | StaticModel:
         """What `model` decodes with: its StaticModel, else the module itself (a dynamic cache per request)."""
-        static = self.static.get(id(model))
-        return static if isinstance(static, StaticModel) else model
+        return self.static.get(id(model), model)
 
     @property
     def identity(self) -> dict[str, Any]:
-        return {**super().identity, **({"compile": True} if self.compiled else {})}
+        return {**super().identity, **({"compile": True} if self.static else {})}
 
     def point_context(self, spec: PointSpec) -> dict[str, Any]:
-        """kv_cache: "static" when every model of the point decodes on a static cache (its steps compiled), else
-        "dynamic" with the reason."""
-        m = self.models
-        models = [m.target.model] + ([m.draft_model(spec).model] if spec.method == "draft" and
-                                     not isinstance(m.drafts.get(spec.draft), Exception) else [])
-        if not self.compiled:
-            reasons = ["run.compile is off"]
-        elif spec.method == "eagle3":
-            reasons = ["eagle3 reads the target's hidden states through hooks (runs eagerly)"]
-        else:
-            reasons = [self.static[id(model)] for model in models if isinstance(self.static.get(id(model)), str)]
-        return {**super().point_context(spec), "kv_cache": "dynamic" if reasons else "static",
-                "kv_cache_reason": "; ".join(reasons) if reasons else None}
+        """kv_cache: "static" when the run decodes on static caches (its steps compiled), else "dynamic" and why."""
+        reason = "run.compile is off" if not self.compiled else self.fallback
+        return {**super().point_context(spec), "kv_cache": "dynamic" if reason else "static", "kv_cache_reason": reason}
 
     def generate_one(self, spec: PointSpec) -> GenerateOne:
         m = self.models
         proposer = self.proposer(spec)
-        target = m.target.model if spec.method == "eagle3" else self.decoding(m.target.model)
+        target = self.decoding(m.target.model)
         if isinstance(target, StaticModel):
             target.warm_up(range(1, (spec.gamma or 1) + 2))  # a gamma beyond the profile's compiles here, untimed
         return lambda ids, seed, max_new_tokens: generate(
@@ -123,17 +128,14 @@ class NativeSession(InProcessSession):
         described = super().describe()
         if not self.compiled:
             return {**described, "compile": {"enabled": False}}
-        models = {}
-        for model, name in [(self.models.target.model, self.models.target.name),
-                            *[(d.model, d.name) for d in self.models.drafts.values() if not isinstance(d, Exception)]]:
-            static = self.static.get(id(model))
-            if isinstance(static, StaticModel):
-                models[name] = {"kv_cache": "static", "compile_s": sum(static.compile_s.values()),
-                                "compile_s_by_step_tokens": {str(k): v for k, v in sorted(static.compile_s.items())},
-                                "mode": "cuda graphs" if static.graphs else "inductor"}
-            elif static is not None:
-                models[name] = {"kv_cache": "dynamic", "reason": static}
-        return {**described, "compile": {"enabled": True, "models": models}}
+        m = self.models
+        roles = [("target", m.target.model)] + [(f"draft {spec.name}", draft.model) for spec in m.profile.drafts
+                                                if isinstance(draft := m.drafts.get(spec.name), LoadedModel)]
+        models = {role: {"kv_cache": "static", "compile_s": sum(static.compile_s.values()),
+                         "compile_s_by_step_tokens": {str(k): v for k, v in sorted(static.compile_s.items())},
+                         "mode": "cuda graphs" if static.graphs else "inductor"}
+                  for role, model in roles if (static := self.static.get(id(model))) is not None}
+        return {**described, "compile": {"enabled": True, "fallback": self.fallback, "models": models}}
 
 
 BACKEND = InProcessBackend("native", NativeSession)
