@@ -79,7 +79,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m specbench.bench $(ARGS)
 
-# native eager against native static cache + compiled steps (baseline and n-gram gamma 3), side by side
+# native eager, native static cache + compiled steps, and vLLM CPU where installed (baseline and n-gram gamma 3)
 bench-compiled: $(STAMP)
 	$(BIN)/python -m specbench.bench.compiled $(ARGS)
 

@@ -94,3 +94,41 @@ def test_the_tables_name_alpha_and_the_acceptance_rate_apart(capsys):
     out = capsys.readouterr().out
     assert "acceptance rate" in out and "α" in out and "predicted ÷ measured" in out
     assert "engine" not in out  # native and hf are backends
+
+
+# --- make bench-compiled: eager, compiled and vLLM from request rows -----------------------------------------
+
+
+def _compiled_rows() -> pd.DataFrame:
+    """Three prompts, two repeats; per path a seconds-per-token for the baseline and for n-gram (a second repeat
+    slower by 50 %, as a disturbed one is), the same 20 tokens; vLLM's n-gram output differs on prompt c."""
+    per_token_s = {("eager", "baseline"): 0.050, ("eager", "ngram"): 0.040, ("compiled", "baseline"): 0.040,
+                   ("compiled", "ngram"): 0.032, ("vllm", "baseline"): 0.050, ("vllm", "ngram"): 0.025}
+    rows = []
+    for (path, method), seconds in per_token_s.items():
+        for prompt in ("a", "b", "c"):
+            for repeat in (0, 1):
+                sha = f"{prompt}-{path}" if path == "vllm" and method == "ngram" and prompt == "c" else prompt
+                rows.append({"path": path, "method": method, "point_id": method, "prompt_id": prompt,
+                             "repeat": repeat, "output_tokens": 20, "output_sha": sha,
+                             "e2e_ms": 1e3 * 20 * seconds * (1.5 if repeat else 1.0)})
+    return pd.DataFrame(rows)
+
+
+def test_bench_compiled_ratios_come_from_the_fastest_repeats():
+    from specbench.bench.compiled import identical
+    from specbench.bench.compiled import summarize as summarize_compiled
+
+    figures = summarize_compiled(_compiled_rows())
+    expected = {"baseline tokens/s, compiled ÷ eager": 1.25, "ngram tokens/s, compiled ÷ eager": 1.25,
+                "ngram speedup, eager": 1.25, "ngram speedup, compiled": 1.25, "ngram speedup, compiled ÷ eager": 1.0,
+                "baseline tokens/s, compiled ÷ vLLM": 1.25, "baseline tokens/s, eager ÷ vLLM": 1.0,
+                "ngram speedup, vLLM": 2.0, "ngram speedup, compiled ÷ vLLM": 0.625,
+                "baseline tokens/s, compiled": 25.0, "ngram tokens/s, vllm": 40.0}
+    for name, value in expected.items():
+        assert figures[name][0] == pytest.approx(value), name
+        assert figures[name][1] <= figures[name][0] <= figures[name][2]
+    assert identical(_compiled_rows(), ("eager", "compiled"), "eager") == (24, 24)
+    assert identical(_compiled_rows(), ("vllm",), "vllm") == (10, 12)
+    without_vllm = summarize_compiled(_compiled_rows().query("path != 'vllm'"))
+    assert not any("vLLM" in name or "vllm" in name for name in without_vllm)

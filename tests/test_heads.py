@@ -114,6 +114,26 @@ def test_eagle3_runs_on_the_native_backend(project):
     assert heads["acceptance_rate"].between(0, 1).all() and (heads["mean_accepted_length"] >= 1).all()
 
 
+def test_eagle3_runs_compiled_with_the_same_drafts(project):
+    """run.compile: the target's step compiled with the head's aux-state hooks in it, every point static; greedy
+    points accept exactly what the eager run's accept."""
+    report = train_head(str(project / "target"), settings=HeadSettings(**SETTINGS), observer=Quiet(), device="cpu")
+    (project / "tiny.toml").write_text(profile_text(head=report.folder).replace("[run]\n", "[run]\ncompile = true\n"))
+    result = run_profile(load_profile(project / "tiny.toml"), out=project / "compiled")
+    assert result.failed == 0
+    compiled = pd.read_parquet(project / "compiled" / "points.parquet").set_index("point_id")
+    assert (compiled["kv_cache"] == "static").all() and compiled["kv_cache_reason"].isna().all()
+    manifest = json.loads((project / "compiled" / "manifest.json").read_text())["compile"]
+    assert manifest["fallback"] is None and set(manifest["models"]) == {"target"}
+    (project / "tiny.toml").write_text(profile_text(head=report.folder))
+    run_profile(load_profile(project / "tiny.toml"), out=project / "eager")
+    eager = pd.read_parquet(project / "eager" / "points.parquet").set_index("point_id")
+    greedy = compiled[(compiled["method"] == "eagle3") & (compiled["temperature"] == 0)].index
+    assert len(greedy) == 2 and compiled.loc[greedy, "outputs_match_baseline"].all()
+    for point in greedy:
+        assert list(compiled.loc[point, "accepted_per_position"]) == list(eager.loc[point, "accepted_per_position"])
+
+
 def test_eagle3_on_the_hf_backend_is_refused(project):
     (project / "tiny.toml").write_text(profile_text(head="./target", backend="hf"))
     with pytest.raises(ProfileError, match=re.escape(

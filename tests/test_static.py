@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -21,8 +20,7 @@ from specbench.decoding import decode
 from specbench.decoding.static import BUCKETS, StaticModel, bucket, unsupported
 from specbench.profile import load_profile, with_overrides
 from test_decoding import MAX_NEW, PROMPT, check_accounting, tiny_mistral
-from test_sampling import (GAMMA, P_MIN, SAMPLES, TOKENS, VOCAB, exact_joint, inverted_verify_sampling,
-                           pair_p_values)
+from test_sampling import P_MIN, TOKENS, VOCAB, empirical_joint, exact_joint, inverted_verify_sampling, pair_p_values
 from tiny import DEVICE, perturbed, tiny_llama, tiny_profile, write_project
 
 CAPACITY = len(PROMPT) + MAX_NEW + BUCKETS[-1]
@@ -167,17 +165,6 @@ def sampling_setup():
     return target, static_target, static_draft, prompt
 
 
-def static_joint(static_target, make_proposer, prompt: list[int], *, temperature: float, top_p: float):
-    counts = np.zeros((VOCAB,) * TOKENS, dtype=np.int64)
-    drafted = accepted = 0
-    for seed in range(SAMPLES):
-        trace = generate(static_target, make_proposer(), prompt, gamma=GAMMA, temperature=temperature, top_p=top_p,
-                         max_new_tokens=TOKENS, seed=seed)
-        counts[trace.output_ids] += 1
-        drafted, accepted = drafted + (trace.drafted_tokens or 0), accepted + trace.accepted_tokens
-    return counts, drafted, accepted
-
-
 def factory(method: str, static_draft):
     return {"baseline": lambda: BaselineProposer(DEVICE),
             "draft": lambda: DraftModelProposer(static_draft, vocab_size=VOCAB, device=DEVICE),
@@ -188,7 +175,7 @@ def factory(method: str, static_draft):
 def test_compiled_generation_matches_the_target_distribution(sampling_setup, method):
     target, static_target, static_draft, prompt = sampling_setup
     exact = exact_joint(target, prompt, temperature=1.0, top_p=0.8)
-    counts, drafted, accepted = static_joint(static_target, factory(method, static_draft), prompt,
+    counts, drafted, accepted = empirical_joint(static_target, factory(method, static_draft), prompt,
                                              temperature=1.0, top_p=0.8)
     if method != "baseline":
         assert 0.05 * drafted < accepted < 0.95 * drafted, "the test needs both accepted and rejected drafts"
@@ -199,5 +186,57 @@ def test_a_broken_acceptance_rule_is_caught_on_the_compiled_path(sampling_setup,
     monkeypatch.setattr(decode, "verify_sampling", inverted_verify_sampling)
     target, static_target, static_draft, prompt = sampling_setup
     exact = exact_joint(target, prompt, temperature=1.0, top_p=1.0)
-    counts, _, _ = static_joint(static_target, factory("draft", static_draft), prompt, temperature=1.0, top_p=1.0)
+    counts, _, _ = empirical_joint(static_target, factory("draft", static_draft), prompt, temperature=1.0, top_p=1.0)
     assert min(pair_p_values(counts, exact)) < P_MIN
+
+
+# --- EAGLE-3 on the compiled path: the target's aux states come out of its compiled step ----------------------
+
+
+@pytest.fixture(scope="module")
+def eagle3_setup():
+    from eagle3_tiny import AUX_LAYERS, tiny_examples, tiny_target, trained_head
+
+    target = tiny_target()
+    examples = tiny_examples(target)
+    head, _ = trained_head(target, examples=examples)
+    prompt = examples[0].tokens[: examples[0].prompt_tokens].tolist()  # one the head was trained on
+    static = StaticModel(target, capacity=len(prompt) + MAX_NEW + BUCKETS[-1], aux_layers=AUX_LAYERS)
+    static.warm_up(range(1, 7))  # gamma <= 5
+    return target, head, prompt, static
+
+
+def test_compiled_eagle3_drafts_what_the_eager_one_does_without_recompiling(eagle3_setup):
+    from specbench.decoding import Eagle3Proposer
+
+    target, head, prompt, static = eagle3_setup
+    expected = generate(target, BaselineProposer(DEVICE), prompt, gamma=1, temperature=0.0, max_new_tokens=MAX_NEW)
+    graphs = counters["stats"]["unique_graphs"]
+    for gamma in (1, 3, 5):
+        eager = generate(target, Eagle3Proposer(head, target, device=DEVICE), prompt, gamma=gamma, temperature=0.0,
+                         max_new_tokens=MAX_NEW)
+        compiled = generate(static, Eagle3Proposer(head, target, device=DEVICE, aux=static), prompt, gamma=gamma,
+                            temperature=0.0, max_new_tokens=MAX_NEW)
+        assert compiled.output_ids == eager.output_ids == expected.output_ids, gamma
+        assert compiled.accepted_per_position == eager.accepted_per_position, gamma  # the same drafts, step by step
+        assert 0 < compiled.accepted_tokens < compiled.drafted_tokens, "the test needs accepted and rejected drafts"
+        check_accounting(compiled, gamma=gamma)
+    assert counters["stats"]["unique_graphs"] == graphs, "a step compiled a new graph after the warm-up"
+
+
+def test_a_head_reading_other_layers_than_the_compiled_step_keeps_is_refused(eagle3_setup):
+    from specbench.decoding import Eagle3Proposer
+
+    target, head, _, _ = eagle3_setup
+
+    def hooks() -> int:
+        return sum(len(module._forward_pre_hooks) for module in target.modules())
+
+    before = hooks()
+    other = StaticModel(target, capacity=64, compile=False, aux_layers=(0, 1, 2))
+    assert hooks() == before + 3
+    with pytest.raises(ValueError, match=re.escape("the target keeps auxiliary states of layers [0, 1, 2], the "
+                                                   "EAGLE-3 head 'eagle3' reads layers [1, 2, 4]")):
+        Eagle3Proposer(head, target, device=DEVICE, aux=other)
+    other.close()
+    assert hooks() == before  # close() took its hooks off

@@ -43,15 +43,20 @@ class NativeSession(InProcessSession):
     def _prepare_static(self) -> None:
         """A static cache for every model of the run, its steps compiled for the profile's gammas now, before the
         manifest and the first point — or none at all: when one model cannot take one (a cache layout it cannot
-        hold, a compilation that fails, an EAGLE-3 head's hooks), every point decodes eagerly, so that each speedup
-        divides like by like (a compiled baseline under an eager draft's points would credit the draft with the
-        compiler's loss). Drafts first: they are where it fails, and the target's compilation is then not spent."""
+        hold, a compilation that fails), every point decodes eagerly, so that each speedup divides like by like (a compiled baseline under an eager draft's points would credit the draft with the
+        compiler's loss). Drafts first: they are where it fails, and the target's compilation is then not spent. An
+        EAGLE-3 head's aux-state hooks are compiled into the target's step (the head itself runs eagerly: ~3 ms per
+        drafted token)."""
         m = self.models
-        heads = [spec.name for spec in m.profile.drafts if spec.method == "eagle3"]
-        if heads:
-            self.fallback = (f"draft {heads[0]} is an EAGLE-3 head, which reads the target's hidden states through "
-                             "hooks and runs eagerly: every point decodes eagerly")
+        heads = {spec.name: draft.model for spec in m.profile.drafts
+                 if spec.method == "eagle3" and isinstance(draft := m.drafts.get(spec.name), LoadedModel)}
+        layers = {name: tuple(head.aux_layer_ids) for name, head in heads.items()}
+        if len(set(layers.values())) > 1:
+            (first, one), (second, other) = list(layers.items())[:2]
+            self.fallback = (f"the EAGLE-3 heads {first} and {second} read different layers of the target ({list(one)} "
+                             f"and {list(other)}), and its compiled step keeps one set: every point decodes eagerly")
             return
+        aux_layers = next(iter(layers.values()), ())
         capacity = max(len(ids) + budget for ids, budget in zip(m.prompt_ids, m.workload.max_new_tokens)) + BUCKETS[-1]
         max_gamma = max(m.profile.all_gammas(), default=1)
         needs = [(draft.model, f"draft {spec.name}", DRAFT_STEP_TOKENS) for spec in m.profile.drafts
@@ -60,8 +65,10 @@ class NativeSession(InProcessSession):
         for model, role, tokens in needs:
             if id(model) in self.static:
                 continue
+            static = None
             try:
-                static = StaticModel(model, capacity=capacity, name=role)
+                static = StaticModel(model, capacity=capacity, name=role,
+                                     aux_layers=aux_layers if model is m.target.model else ())
                 static.warm_up(range(1, tokens + 1))
             except ValueError as error:  # a cache layout the static cache cannot hold
                 reason = one_line(error)
@@ -70,6 +77,9 @@ class NativeSession(InProcessSession):
             else:
                 self.static[id(model)] = static
                 continue
+            for built in [*self.static.values(), static]:
+                if built is not None:
+                    built.close()  # its hooks off the model
             self.static.clear()
             self.fallback = f"{reason}: every point decodes eagerly"
             return
@@ -104,7 +114,9 @@ class NativeSession(InProcessSession):
         if spec.method == "ngram":
             return NgramProposer(ngram_min=spec.ngram_min, ngram_max=spec.ngram_max, device=m.device)
         if spec.method == "eagle3":
-            return Eagle3Proposer(m.draft_model(spec).model, m.target.model, device=m.device, name=spec.draft)
+            target = self.static.get(id(m.target.model))  # compiled: the step keeps the head's aux states
+            return Eagle3Proposer(m.draft_model(spec).model, m.target.model, device=m.device, name=spec.draft,
+                                  aux=target)
         vocab_size = m.target.model.get_output_embeddings().weight.shape[0]
         return DraftModelProposer(self.decoding(m.draft_model(spec).model), vocab_size=vocab_size, device=m.device,
                                   name=spec.draft)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -20,6 +21,15 @@ from specbench.decoding.sampling import Sampler
 from specbench.models.eagle3 import Attend, Eagle3Head
 
 
+class AuxSource(Protocol):
+    """What the proposer reads the target's auxiliary states from."""
+
+    aux_layers: Sequence[int]
+
+    def latest(self) -> torch.Tensor:
+        """[T, A·H]: the auxiliary states of the target's latest forward's T positions, in layer order."""
+
+
 class AuxCapture:
     """Forward pre-hooks on the target that keep the auxiliary states of its latest forward: the input of
     decoder layer L (vLLM's aux layer L), or of the final norm for L = number of layers."""
@@ -27,6 +37,7 @@ class AuxCapture:
     def __init__(self, target: nn.Module, layer_ids: Sequence[int]):
         decoder = target.get_decoder()
         modules = [*decoder.layers, decoder.norm]  # index L: the module whose input is aux state L
+        self.aux_layers = tuple(layer_ids)
         self.states: list[torch.Tensor | None] = [None] * len(layer_ids)
         self.handles = [modules[layer].register_forward_pre_hook(self._keeper(slot), with_kwargs=True)
                         for slot, layer in enumerate(layer_ids)]
@@ -73,10 +84,19 @@ class Eagle3Proposer:
 
     method = "eagle3"
 
-    def __init__(self, head: Eagle3Head, target: nn.Module, *, device: torch.device, name: str | None = None):
+    def __init__(self, head: Eagle3Head, target: nn.Module, *, device: torch.device, name: str | None = None,
+                 aux: "AuxSource | None" = None):
+        """`aux`: where the target's auxiliary states come from when its forward is compiled (a
+        `static.StaticModel` built with the head's aux layers); by default the proposer hooks the target itself."""
         self.head, self.device, self.name = head, device, name or "eagle3"
-        self.capture = AuxCapture(target, head.aux_layer_ids)
-        weakref.finalize(self, self.capture.close)  # the hooks go with the proposer
+        if aux is not None:
+            if tuple(aux.aux_layers) != tuple(head.aux_layer_ids):
+                raise ValueError(f"the target keeps auxiliary states of layers {list(aux.aux_layers)}, the EAGLE-3 head "
+                                 f"'{self.name}' reads layers {list(head.aux_layer_ids)}")
+            self.capture = aux
+        else:
+            self.capture = AuxCapture(target, head.aux_layer_ids)
+            weakref.finalize(self, self.capture.close)  # the hooks go with the proposer
         self.embed = head.embed_tokens if head.embed_tokens is not None else target.get_input_embeddings()
         self.lm_head_weight = (head.lm_head if head.lm_head is not None else target.get_output_embeddings()).weight
         self.vocab_size = target.get_output_embeddings().weight.shape[0]

@@ -7,6 +7,10 @@ that gamma 1..8 and the draft's 1- or 2-token steps reuse five compiled graphs i
 positions are written past the sequence's end, where the causal mask hides them until a later step overwrites
 them. The prompt's prefill runs eagerly (its length varies). Compiled with inductor on a CPU, with CUDA graphs
 (mode "reduce-overhead") on a GPU.
+
+For an EAGLE-3 head, `aux_layers` attaches the hooks that keep the target's auxiliary states before compiling, so
+they are traced into the step's graph (hooks attached later would make every step recompile): the step returns
+them beside the logits, and `latest()` gives the head the states of the latest forward.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from transformers.cache_utils import StaticLayer
 
 from specbench.devices import Clock
 from specbench.decoding import kv
+from specbench.decoding.eagle3 import AuxCapture
 
 BUCKETS = (1, 2, 4, 6, 9, 12, 16)  # verify k + 1 tokens: gamma 1..8 pad to 2, 4, 6 or 9; more tokens to a multiple of 8
 RECOMPILE_LIMIT = 64  # graphs per compiled function: buckets x models (torch's default, 8, would fall back to eager)
@@ -47,11 +52,15 @@ class StaticModel:
 
     kind = "static"
 
-    def __init__(self, model: torch.nn.Module, *, capacity: int, compile: bool = True, name: str | None = None):
+    def __init__(self, model: torch.nn.Module, *, capacity: int, compile: bool = True, name: str | None = None,
+                 aux_layers: tuple[int, ...] = ()):
         reason = unsupported(model)
         if reason is not None:
             raise ValueError(f"model '{name or kv.model_name(model)}' cannot use a static KV cache: {reason}")
         self.model, self.capacity, self.name = model, capacity, name or kv.model_name(model)
+        self.aux_layers = tuple(aux_layers)
+        self.capture = AuxCapture(model, self.aux_layers) if self.aux_layers else None  # before compiling
+        self._aux: torch.Tensor | None = None
         self.device = next(model.parameters()).device
         self.cache = StaticCache(config=model.config, max_cache_len=capacity)
         self._cache_argument = {kv.cache_keyword(type(model)): self.cache}  # resolved here, not while compiling
@@ -73,6 +82,8 @@ class StaticModel:
         self._seek(0)
         logits = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **self._cache_argument).logits[0, -1]
         self._length = input_ids.shape[1]
+        if self.capture is not None:
+            self._aux = self.capture.latest()
         return logits
 
     def forward(self, input_ids: torch.Tensor, *, last: int | None = None) -> torch.Tensor:
@@ -87,8 +98,10 @@ class StaticModel:
         self._seek(self._length)
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        logits = self.step(input_ids)  # [padded, V]
+        logits, aux = self.step(input_ids)  # [padded, V], [padded, A·H] (or None)
         self._length += tokens
+        if aux is not None:
+            self._aux = aux[:tokens].clone() if self.graphs else aux[:tokens]
         rows = logits[tokens - (last or tokens) : tokens]
         return rows.clone() if self.graphs else rows  # the next replay overwrites the graph's output
 
@@ -98,6 +111,18 @@ class StaticModel:
     @property
     def length(self) -> int:
         return self._length
+
+    def close(self) -> None:
+        """Take the aux-state hooks off the model (the model then runs as it did before)."""
+        if self.capture is not None:
+            self.capture.close()
+
+    def latest(self) -> torch.Tensor:
+        """[T, A·H]: the auxiliary states (`aux_layers`) of the latest forward's T positions (prefill or step)."""
+        if self._aux is None:
+            raise RuntimeError(f"model '{self.name}' keeps no auxiliary states yet (built without aux_layers, or "
+                               "no forward pass since)")
+        return self._aux
 
     def warm_up(self, tokens: range) -> None:
         """Compile (and on a GPU capture) the step of every bucket that `tokens` new tokens pad to, outside any
@@ -112,8 +137,9 @@ class StaticModel:
                     self.crop(1)
                 self.compile_s[size] = clock.now()
 
-    def _step(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=True, **self._cache_argument).logits[0]
+    def _step(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits = self.model(input_ids=input_ids, use_cache=True, **self._cache_argument).logits[0]
+        return logits, (self.capture.latest() if self.capture is not None else None)
 
     def _seek(self, length: int) -> None:
         """Write the next positions from `length` on (each layer keeps its own write position)."""
