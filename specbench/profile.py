@@ -307,6 +307,13 @@ class Profile(_Spec):
                         from None
 
     @model_validator(mode="after")
+    def _compile_on_native(self) -> "Profile":
+        if self.run.compile and self.backend != "native":
+            raise _rule(f'compiles the native backend\'s steps; backend "{self.backend}" runs its own (remove it or '
+                        'use --no-compile)', at=("run", "compile"))
+        return self
+
+    @model_validator(mode="after")
     def _capacity_runs(self) -> "Profile":
         if problem := capacity_problem(backend=self.backend, slo_limits=self.slo.limits(), capacity=self.capacity):
             raise problem

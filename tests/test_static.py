@@ -240,3 +240,17 @@ def test_a_head_reading_other_layers_than_the_compiled_step_keeps_is_refused(eag
         Eagle3Proposer(head, target, device=DEVICE, aux=other)
     other.close()
     assert hooks() == before  # close() took its hooks off
+
+
+@pytest.mark.parametrize("backend", ["hf", "server"])
+def test_compile_on_another_backend_is_refused_in_one_line(tmp_path, backend):
+    server = '[server]\nengine = "vllm"\n' if backend == "server" else ""
+    (tmp_path / "p.toml").write_text(f'name = "p"\nbackend = "{backend}"\n{server}[target]\nmodel = "m"\n'
+                                     '[sweep]\ngamma = [2]\ntemperature = [0.0]\n[workload]\nprompts = "builtin:mixed"\n'
+                                     'max_new_tokens = 8\n[run]\ncompile = true\n')
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "p.toml")])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'p.toml'}: run.compile: compiles the native backend's steps; backend \"{backend}\" runs "
+        "its own (remove it or use --no-compile)")
+    assert not (tmp_path / "results").exists()

@@ -43,10 +43,10 @@ class NativeSession(InProcessSession):
     def _prepare_static(self) -> None:
         """A static cache for every model of the run, its steps compiled for the profile's gammas now, before the
         manifest and the first point — or none at all: when one model cannot take one (a cache layout it cannot
-        hold, a compilation that fails), every point decodes eagerly, so that each speedup divides like by like (a compiled baseline under an eager draft's points would credit the draft with the
-        compiler's loss). Drafts first: they are where it fails, and the target's compilation is then not spent. An
-        EAGLE-3 head's aux-state hooks are compiled into the target's step (the head itself runs eagerly: ~3 ms per
-        drafted token)."""
+        hold, a compilation that fails), every point decodes eagerly, so that each speedup divides like by like (a
+        compiled baseline under an eager draft's points would credit the draft with the compiler's loss). Drafts
+        first: they are where it fails, and the target's compilation is then not spent. An EAGLE-3 head's aux-state
+        hooks are compiled into the target's step (the head itself runs eagerly: ~3 ms per drafted token)."""
         m = self.models
         heads = {spec.name: draft.model for spec in m.profile.drafts
                  if spec.method == "eagle3" and isinstance(draft := m.drafts.get(spec.name), LoadedModel)}

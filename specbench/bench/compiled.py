@@ -34,13 +34,12 @@ from specbench import results, stats
 from specbench.backends.inprocess import load_models
 from specbench.backends.native import NativeSession
 from specbench.bench.measure import MODEL, PROMPTS, WARMUP_TOKENS, BenchConfig, bench_profile
-from specbench.bench.server import DEFAULT_PYTHON, VLLM_ENV
+from specbench.bench.server import DEFAULT_PYTHON, VLLM_ARGS, VLLM_ENV
 from specbench.bench.summary import fastest_repeats
 from specbench.profile import with_overrides
 from specbench.sweep.plan import plan_points
 
 PATHS = ("eager", "compiled")
-VLLM_ARGS = ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "4"]  # as profiles/vllm-cpu.toml
 
 
 def measure(config: BenchConfig, *, progress=print) -> tuple[pd.DataFrame, dict]:

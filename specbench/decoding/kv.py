@@ -31,7 +31,6 @@ class CachedModel(Protocol):
     """A model and the KV cache of the request it is decoding."""
 
     model: torch.nn.Module
-    kind: str  # "dynamic" | "static": the kv_cache column of a point
 
     def begin(self, max_length: int, *, rolls_back: bool) -> None:
         """Start a request of up to max_length tokens with an empty cache; raises a ValueError when the cache
@@ -54,8 +53,6 @@ class CachedModel(Protocol):
 class DynamicModel:
     """A model with a DynamicCache per request: any cache layout transformers builds (sliding windows, linear
     attention), eager forward passes."""
-
-    kind = "dynamic"
 
     def __init__(self, model: torch.nn.Module, *, name: str | None = None):
         self.model, self.name = model, name or model_name(model)

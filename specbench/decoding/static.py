@@ -50,8 +50,6 @@ def unsupported(model: torch.nn.Module) -> str | None:
 class StaticModel:
     """A model, its static cache and its compiled step; one per model, reused by every request (`kv.CachedModel`)."""
 
-    kind = "static"
-
     def __init__(self, model: torch.nn.Module, *, capacity: int, compile: bool = True, name: str | None = None,
                  aux_layers: tuple[int, ...] = ()):
         reason = unsupported(model)
@@ -65,7 +63,6 @@ class StaticModel:
         self.cache = StaticCache(config=model.config, max_cache_len=capacity)
         self._cache_argument = {kv.cache_keyword(type(model)): self.cache}  # resolved here, not while compiling
         self.graphs = compile and self.device.type == "cuda"  # CUDA graphs replay into the same output buffers
-        self.compiled = compile
         self.step = _compiled(self._step, graphs=self.graphs) if compile else self._step
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its warm-up (compilation, graph capture)
         self._length = 0
