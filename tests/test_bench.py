@@ -16,8 +16,15 @@ from specbench.results import PointSpec
 from specbench.workloads import Prompt
 
 
-def test_options_choose_the_model_device_and_dtype():
-    assert parse_args([]) == BenchConfig()
+def test_options_choose_the_model_device_and_dtype(tmp_path):
+    assert parse_args(["--no-vllm"]) == BenchConfig()
+    assert parse_args(["--no-compile", "--no-vllm"]).compile is False
+    python = tmp_path / "python"
+    python.touch()
+    assert parse_args(["--vllm", str(python)]).vllm == python
+    assert parse_args(["--vllm", str(python), "--device", "cuda"]).vllm is None  # vLLM's CPU build: fp32 on a CPU
+    with pytest.raises(SystemExit):
+        parse_args(["--vllm", str(tmp_path / "missing")])
     assert BenchConfig().model == MODEL and BenchConfig().device == "cpu" and BenchConfig().dtype == "float32"
     config = parse_args(["--model", "Qwen/Qwen2.5-0.5B-Instruct", "--device", "cuda", "--dtype", "bfloat16",
                          "--no-draft"])
@@ -96,39 +103,70 @@ def test_the_tables_name_alpha_and_the_acceptance_rate_apart(capsys):
     assert "engine" not in out  # native and hf are backends
 
 
-# --- make bench-compiled: eager, compiled and vLLM from request rows -----------------------------------------
+# --- native eager, native compiled, HF and vLLM side by side (hand-built rows) -----------------------------------
 
 
-def _compiled_rows() -> pd.DataFrame:
-    """Three prompts, two repeats; per path a seconds-per-token for the baseline and for n-gram (a second repeat
-    slower by 50 %, as a disturbed one is), the same 20 tokens; vLLM's n-gram output differs on prompt c."""
-    per_token_s = {("eager", "baseline"): 0.050, ("eager", "ngram"): 0.040, ("compiled", "baseline"): 0.040,
-                   ("compiled", "ngram"): 0.032, ("vllm", "baseline"): 0.050, ("vllm", "ngram"): 0.025}
+def _four_backends() -> Measurement:
+    """Two prompts, two repeats (the second 1.5x slower); per (backend, method) a step time; vLLM's outputs are its
+    own (another engine), its n-gram output on prompt p1 differs from its baseline's; the draft method was skipped
+    on the compiled backend and on vLLM."""
+    config = BenchConfig(prompts=2, gamma=2, repeats=2)
+    baseline = PointSpec.baseline(0.0, 1.0)
+    ngram = PointSpec("ngram-g2-t0-p1", "ngram", "ngram", 2, 0.0, 1.0, ngram_min=1, ngram_max=3)
+    step_ms = {("native", "baseline"): 10.0, ("native", "ngram"): 10.0, ("compiled", "baseline"): 8.0,
+               ("compiled", "ngram"): 9.0, ("hf", "baseline"): 12.0, ("hf", "ngram"): 12.0,
+               ("vllm", "baseline"): 12.0, ("vllm", "ngram"): 7.0}
+    steps = {"baseline": [(0, 0)] * 8, "ngram": [(2, 2), (2, 0), (2, 2), (0, 0)]}
     rows = []
-    for (path, method), seconds in per_token_s.items():
-        for prompt in ("a", "b", "c"):
-            for repeat in (0, 1):
-                sha = f"{prompt}-{path}" if path == "vllm" and method == "ngram" and prompt == "c" else prompt
-                rows.append({"path": path, "method": method, "point_id": method, "prompt_id": prompt,
-                             "repeat": repeat, "output_tokens": 20, "output_sha": sha,
-                             "e2e_ms": 1e3 * 20 * seconds * (1.5 if repeat else 1.0)})
-    return pd.DataFrame(rows)
+    for (backend, method), ms in step_ms.items():
+        spec = baseline if method == "baseline" else ngram
+        for prompt in range(2):
+            for repeat in range(2):
+                recorded = [(d if backend in ("native", "compiled") else None, a) for d, a in steps[method]]
+                trace = _trace(recorded, step_ms=ms * (1.5 if repeat else 1.0), ttft_ms=5.0)
+                row = results.request_row(spec, point_key="k", prompt=Prompt(f"p{prompt}", "c", ()), repeat=repeat,
+                                          seed=0, trace=trace)
+                if backend == "vllm":
+                    row["output_sha"] = f"vllm-{prompt}" if method == "baseline" or prompt == 0 else "other"
+                rows.append({"backend": backend, **row})
+    skipped = {("compiled", "self-int8-g2-t0-p1"): "draft self-int8 failed to compile",
+               ("vllm", "self-int8-g2-t0-p1"): "vLLM has no int8 dynamically quantised self-draft"}
+    return Measurement(config, "cpu", 1, (baseline, ngram), (10, 10), pd.DataFrame(rows), skipped)
 
 
-def test_bench_compiled_ratios_come_from_the_fastest_repeats():
-    from specbench.bench.compiled import identical
-    from specbench.bench.compiled import summarize as summarize_compiled
-
-    figures = summarize_compiled(_compiled_rows())
-    expected = {"baseline tokens/s, compiled ÷ eager": 1.25, "ngram tokens/s, compiled ÷ eager": 1.25,
-                "ngram speedup, eager": 1.25, "ngram speedup, compiled": 1.25, "ngram speedup, compiled ÷ eager": 1.0,
-                "baseline tokens/s, compiled ÷ vLLM": 1.25, "baseline tokens/s, eager ÷ vLLM": 1.0,
-                "ngram speedup, vLLM": 2.0, "ngram speedup, compiled ÷ vLLM": 0.625,
-                "baseline tokens/s, compiled": 25.0, "ngram tokens/s, vllm": 40.0}
+def test_every_backend_side_by_side_with_the_ratios_the_bench_exists_for(capsys):
+    measurement = _four_backends()
+    assert measurement.backends == ("native", "compiled", "hf", "vllm")
+    summary = summarize(measurement)
+    ms = lambda step: 2 * (5 + 8 * step)  # noqa: E731 - both prompts' fastest repeats: 5 ms prefill, 8 steps each
+    decode = lambda step: 2 * (5 + 4 * step)  # noqa: E731 - n-gram: the same 9 tokens in 4 steps
+    tokens_per_s = {("native", "baseline"): 18 / ms(10), ("compiled", "baseline"): 18 / ms(8),
+                    ("compiled", "ngram"): 18 / decode(9), ("vllm", "ngram"): 18 / decode(7)}
+    for key, value in tokens_per_s.items():
+        assert summary.paths[key].tokens_per_s == pytest.approx(1e3 * value), key
+    ratios = dict(summary.ratios)
+    expected = {
+        "baseline tokens/s, native compiled ÷ native eager": ms(10) / ms(8),
+        "baseline tokens/s, native compiled ÷ vLLM": ms(12) / ms(8),
+        "baseline tokens/s, native eager ÷ vLLM": ms(12) / ms(10),
+        "ngram tokens/s, native compiled ÷ vLLM": decode(7) / decode(9),
+        "ngram speedup, native compiled ÷ native eager": (ms(8) / decode(9)) / (ms(10) / decode(10)),
+        "ngram speedup, native compiled ÷ vLLM": (ms(8) / decode(9)) / (ms(12) / decode(7)),
+    }
     for name, value in expected.items():
-        assert figures[name][0] == pytest.approx(value), name
-        assert figures[name][1] <= figures[name][0] <= figures[name][2]
-    assert identical(_compiled_rows(), ("eager", "compiled"), "eager") == (24, 24)
-    assert identical(_compiled_rows(), ("vllm",), "vllm") == (10, 12)
-    without_vllm = summarize_compiled(_compiled_rows().query("path != 'vllm'"))
-    assert not any("vLLM" in name or "vllm" in name for name in without_vllm)
+        assert ratios[name].value == pytest.approx(value), name
+        assert ratios[name].low <= ratios[name].value <= ratios[name].high
+    assert not any("HF" in name for name in ratios)  # HF against native: the methods' own comparison
+    assert summary.mismatches == ("vllm ngram-g2-t0-p1, prompt 2, repeat 1", "vllm ngram-g2-t0-p1, prompt 2, repeat 2")
+    render(summary)
+    out = capsys.readouterr().out
+    assert "baseline tokens/s, native compiled ÷ vLLM" in out and "skipped: draft self-int8 failed to compile" not in out
+    assert "│ ngram    │ vLLM " in out
+
+
+def test_without_vllm_nothing_is_compared_with_it():
+    measurement = _four_backends()
+    requests = measurement.requests[measurement.requests["backend"] != "vllm"]
+    summary = summarize(Measurement(**{**measurement.__dict__, "requests": requests}))
+    assert summary.mismatches == () and not any("vLLM" in name for name, _ in summary.ratios)
+    assert ("vllm", "baseline") not in summary.paths

@@ -1,11 +1,14 @@
 """Load the models once and run every request of the bench: each prompt through every (point, backend)
-pair, the backends alternating which goes first, every request recorded as a `results.request_row`."""
+pair, the in-process backends rotating which goes first, every request recorded as a `results.request_row`;
+then, where vLLM is installed, the same prompts on vLLM's CPU build (specbench.bench.vllm)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -14,15 +17,19 @@ from specbench import results
 from specbench.backends.hf import HfSession
 from specbench.backends.inprocess import InProcessSession, LoadedModels, load_models
 from specbench.backends.native import NativeSession
+from specbench.bench import vllm
 from specbench.devices import device_name, resolve_device, resolve_dtype
 from specbench.errors import one_line
-from specbench.profile import Profile, profile_from_dict
+from specbench.profile import Profile, profile_from_dict, with_overrides
 from specbench.results import PointSpec
 from specbench.sweep.plan import plan_points
 
 MODEL = "builtin:smollm2-135m-instruct"
 PROMPTS = "builtin:mixed"
-BACKENDS = ("native", "hf")
+# in process, interleaved per prompt: native eager (run.compile off), native with static caches and compiled steps,
+# HF generate; then vLLM's CPU build in a child process
+BACKENDS = ("native", "compiled", "hf")
+ENGINE = "vllm"
 WARMUP_TOKENS = 8
 HF_FAILURES = (ValueError, TypeError, AttributeError, RuntimeError, NotImplementedError)  # what HF may not support
 
@@ -33,10 +40,12 @@ Progress = Callable[[str], None] | None
 class BenchConfig:
     prompts: int = 6
     max_new_tokens: int = 64
-    gamma: int = 4
+    gamma: int = 3
     ngram_max: int = 3
     repeats: int = 2
     draft: bool = True  # also compare the draft method (int8 self-draft; on a GPU a same-dtype copy)
+    compile: bool = True  # also the native backend compiled (static caches; compilation is not timed)
+    vllm: Path | None = None  # vLLM's Python: also vLLM's CPU build (fp32 on a CPU only)
     model: str = MODEL
     device: str = "cpu"
     dtype: str = "float32"
@@ -51,6 +60,13 @@ class Measurement:
     prompt_tokens: tuple[int, ...]
     requests: pd.DataFrame  # one results.request_row per request, plus the `backend` that ran it
     skipped: dict[tuple[str, str], str]  # (backend, point_id) -> why it was not measured
+    compile: dict | None = None  # the compiled backend's manifest entry: what compilation cost (None: not run)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends that measured anything, in BACKENDS order, vLLM last."""
+        present = set(self.requests["backend"]) if len(self.requests) else set()
+        return tuple(backend for backend in (*BACKENDS, ENGINE) if backend in present)
 
 
 def draft_quantize(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -81,22 +97,24 @@ def bench_profile(config: BenchConfig) -> Profile:
 
 def measure(config: BenchConfig, *, progress: Progress = None) -> Measurement:
     """Load the target and the self-draft once, warm every (point, backend) up, then run each prompt through
-    every pair, alternating which backend goes first."""
+    every pair, rotating which backend goes first; then vLLM where config.vllm names its Python."""
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(threads)
     profile = bench_profile(config)
     specs = plan_points(profile)
     models = load_models(profile, observer=_Messages(progress))
-    sessions = _sessions(models)
-    skipped = _warm_up(specs, sessions, progress)
+    sessions, skipped = _sessions(models, specs, config, progress)
+    skipped |= _warm_up(specs, sessions, skipped, progress)
     generate = {(backend, spec.point_id): session.generate_one(spec)
                 for backend, session in sessions.items() for spec in specs if (backend, spec.point_id) not in skipped}
+    backends = [backend for backend in BACKENDS if backend in sessions]
 
     rows = []
     for repeat in range(config.repeats):
         for index, (prompt, ids) in enumerate(zip(models.prompts, models.prompt_ids)):
             _report(progress, f"repeat {repeat + 1}/{config.repeats}, prompt {index + 1}/{len(models.prompts)}")
-            order = BACKENDS if (index + repeat) % 2 == 0 else BACKENDS[::-1]
+            first = (index + repeat) % len(backends)
+            order = backends[first:] + backends[:first]
             seed = profile.run.seed + 1000 * index + repeat
             for spec in specs:
                 for backend in order:
@@ -104,30 +122,72 @@ def measure(config: BenchConfig, *, progress: Progress = None) -> Measurement:
                         trace = generate[backend, spec.point_id](ids, seed, config.max_new_tokens)
                         rows.append({"backend": backend, **results.request_row(
                             spec, point_key=f"bench-{backend}", prompt=prompt, repeat=repeat, seed=seed, trace=trace)})
+    requests = pd.DataFrame(rows)
+    if config.vllm is not None:
+        engine_rows, engine_skipped = _vllm(config, specs, progress)
+        requests = pd.concat([requests, engine_rows], ignore_index=True)
+        skipped |= engine_skipped
+    compiled = sessions.get("compiled")
     return Measurement(config, device_name(models.device), threads, tuple(specs),
-                       tuple(len(ids) for ids in models.prompt_ids), pd.DataFrame(rows), skipped)
+                       tuple(len(ids) for ids in models.prompt_ids), requests, skipped,
+                       compiled.describe()["compile"] if compiled is not None else None)
 
 
-def _sessions(models: LoadedModels) -> dict[str, InProcessSession]:
-    """Both backends over the same loaded models."""
-    return {"native": NativeSession(models), "hf": HfSession(models)}
+def _sessions(models: LoadedModels, specs: list[PointSpec], config: BenchConfig,
+              progress: Progress) -> tuple[dict[str, InProcessSession], dict[tuple[str, str], str]]:
+    """The in-process backends over the same loaded models. The compiled one compiles every model now (not
+    timed); a draft that cannot compile (int8 dynamic quantisation) is skipped there with the reason, and the
+    baseline and n-gram points run compiled without it."""
+    def native(profile: Profile, compile: bool) -> NativeSession:
+        return NativeSession(dataclasses.replace(models, profile=with_overrides(profile, compile=compile)))
 
-
-def _warm_up(specs: list[PointSpec], sessions: dict[str, InProcessSession],
-             progress: Progress) -> dict[tuple[str, str], str]:
-    """One short request per (point, backend); what HF cannot run is skipped with its reason, a native
-    failure raises."""
-    _report(progress, "warming up")
+    sessions: dict[str, InProcessSession] = {"native": native(models.profile, False), "hf": HfSession(models)}
     skipped: dict[tuple[str, str], str] = {}
+    if config.compile:
+        _report(progress, "compiling the native backend's steps (not timed)")
+        compiled = native(models.profile, True)
+        if compiled.fallback is not None:
+            reason = compiled.fallback.removesuffix(": every point decodes eagerly")
+            skipped = {("compiled", spec.point_id): reason for spec in specs if spec.method == "draft"}
+            compiled = native(bench_profile(dataclasses.replace(config, draft=False)), True)
+        sessions["compiled"] = compiled
+    return sessions, skipped
+
+
+def _warm_up(specs: list[PointSpec], sessions: dict[str, InProcessSession], skipped: dict[tuple[str, str], str],
+             progress: Progress) -> dict[tuple[str, str], str]:
+    """One short request per (point, backend) not already skipped; what HF cannot run is skipped with its reason,
+    a native failure raises."""
+    _report(progress, "warming up")
+    failed: dict[tuple[str, str], str] = {}
     for spec in specs:
         for backend, session in sessions.items():
+            if (backend, spec.point_id) in skipped:
+                continue
             try:
                 session.generate_one(spec)(session.models.prompt_ids[0], 0, WARMUP_TOKENS)
             except HF_FAILURES as error:
-                if backend == "native":
+                if backend != "hf":
                     raise
-                skipped[backend, spec.point_id] = one_line(error)
-    return skipped
+                failed[backend, spec.point_id] = one_line(error)
+    return failed
+
+
+def _vllm(config: BenchConfig, specs: list[PointSpec],
+          progress: Progress) -> tuple[pd.DataFrame, dict[tuple[str, str], str]]:
+    """vLLM's request rows under the bench's point ids, and what it skipped: the draft method (it has no int8
+    self-draft), or everything, with vLLM's error, when its run fails (the in-process figures stand)."""
+    skipped = {(ENGINE, spec.point_id): "vLLM has no int8 dynamically quantised self-draft"
+               for spec in specs if spec.method not in vllm.METHODS}
+    try:
+        rows = vllm.requests(config.vllm, model=config.model, prompts=PROMPTS, max_prompts=config.prompts,
+                             max_new_tokens=config.max_new_tokens, gamma=config.gamma, ngram_max=config.ngram_max,
+                             repeats=config.repeats, progress=progress or (lambda _: None))
+    except (RuntimeError, OSError) as error:
+        return pd.DataFrame(), skipped | {(ENGINE, spec.point_id): one_line(error) for spec in specs
+                                          if spec.method in vllm.METHODS}
+    point_ids = {spec.method: spec.point_id for spec in specs}
+    return rows.assign(backend=ENGINE, point_id=rows["method"].map(point_ids)).drop(columns="method"), skipped
 
 
 class _Messages:

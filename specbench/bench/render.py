@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specbench.bench.measure import PROMPTS
-from specbench.bench.summary import BenchSummary, Interval, MethodComparison
+from specbench.bench.summary import NAMES, BenchSummary, Interval, MethodComparison
 
 HF_NAMES = {"baseline": "HF generate", "ngram": "HF prompt lookup", "draft": "HF assisted generation"}
 UNSTABLE_SPREAD = 0.05  # repeats of one request further apart than this: other processes disturbed the timing
@@ -21,8 +21,9 @@ def render(summary: BenchSummary) -> None:
         f"{config.model} {config.dtype} on {m.device}, {m.threads} threads; {len(m.prompt_tokens)} prompts "
         f"from {PROMPTS} ({min(m.prompt_tokens)}-{max(m.prompt_tokens)} tokens); "
         f"max_new_tokens {config.max_new_tokens}, gamma {config.gamma}, ngram_max {config.ngram_max}, greedy; "
-        f"backends interleaved per prompt, fastest of {config.repeats} repeat(s) per prompt"
+        f"in-process backends interleaved per prompt, fastest of {config.repeats} repeat(s) per prompt"
     )
+    _print_backends(console, summary)
     speed = _table("throughput: native backend vs Hugging Face",
                    ("method", "native tok/s", "HF tok/s", "native speedup", "HF speedup", "native ÷ HF [95% CI]",
                     "greedy identical"))
@@ -72,9 +73,33 @@ def render(summary: BenchSummary) -> None:
         console.print(f"[bold red]greedy outputs that differ from the native baseline: {'; '.join(summary.mismatches)}"
                       "[/bold red]")
     else:
-        total = sum(c.compared for c in summary.methods)
-        console.print(f"[bold]greedy outputs identical token for token: all {total} native requests equal the native "
-                      "baseline and their HF twins[/bold]")
+        console.print(f"[bold]greedy outputs identical token for token: all {len(m.requests)} requests equal the native "
+                      "baseline's (vLLM's: vLLM's baseline)[/bold]")
+
+
+def _print_backends(console: Console, summary: BenchSummary) -> None:
+    """Every backend side by side (tokens/s and speedup per method), the ratios with CIs, what compiling cost."""
+    m = summary.measurement
+    backends = m.backends
+    table = _table("every backend side by side (speedup: over the same backend's baseline)",
+                   ("method", "backend", "tok/s", "speedup", "tok/step"))
+    for spec in m.specs:
+        for backend in backends:
+            cell = summary.paths.get((backend, spec.method))
+            if cell is None:
+                table.add_row(spec.method, NAMES[backend], "-", f"skipped: {m.skipped.get((backend, spec.point_id), '-')}",
+                              "-")
+            else:
+                table.add_row(spec.method, NAMES[backend], f"{cell.tokens_per_s:.2f}", _speedup(cell.speedup),
+                              _number(cell.mean_accepted_length, ".2f"))
+    console.print(table)
+    for name, interval in summary.ratios:
+        console.print(f"{name}: {_interval(interval)}")
+    if m.compile is not None:
+        models = m.compile.get("models", {})
+        spent = ", ".join(f"{role} {entry['compile_s']:.0f} s ({entry['mode']})" for role, entry in models.items())
+        console.print(f"native compiled: compilation before the first request, not timed: {spent or 'none'}"
+                      + (f"; fell back: {m.compile['fallback']}" if m.compile.get("fallback") else ""))
 
 
 def _headline(c: MethodComparison) -> str:
@@ -92,7 +117,7 @@ def _headline(c: MethodComparison) -> str:
 def _table(title: str, columns: tuple[str, ...]) -> Table:
     table = Table(title=title)
     for column in columns:
-        table.add_column(column, justify="left" if column == "method" else "right")
+        table.add_column(column, justify="left" if column in ("method", "backend") else "right")
     return table
 
 

@@ -1,6 +1,7 @@
 """The bench's figures, derived from its request rows: each backend's points through `summary.summarize`
-(on each prompt's fastest repeat), the analytic model through `summary.predict`, the native-over-HF ratios
-through `stats`'s paired bootstraps, and greedy output equality from the recorded output hashes."""
+(on each prompt's fastest repeat), the analytic model through `summary.predict`, the native-over-HF ratios and
+the ratios between native eager, native compiled and vLLM through `stats`'s paired bootstraps, and greedy
+output equality from the recorded output hashes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from specbench import results, stats, summary
-from specbench.bench.measure import BACKENDS, Measurement
+from specbench.bench.measure import ENGINE, Measurement
 from specbench.results import PointSpec
 
 
@@ -49,12 +50,27 @@ class MethodComparison:
 
 
 @dataclass(frozen=True)
+class PathFigures:
+    """One method on one backend, from each prompt's fastest repeat."""
+    tokens_per_s: float
+    speedup: Interval | None  # over the same backend's baseline; None for the baseline itself
+    mean_accepted_length: float | None  # tokens per target step (the engine's counters for vLLM); None: not recorded
+
+
+# the ratios the bench exists for: (numerator, denominator) backends
+PAIRS = (("compiled", "native"), ("compiled", ENGINE), ("native", ENGINE))
+NAMES = {"native": "native eager", "compiled": "native compiled", "hf": "HF", ENGINE: "vLLM"}
+
+
+@dataclass(frozen=True)
 class BenchSummary:
     measurement: Measurement
     target_ms_per_token: float | None  # native baseline: mean time of a 1-token target step
     methods: tuple[MethodComparison, ...]
     mismatches: tuple[str, ...]
     repeat_spread: float | None  # median over (backend, point, prompt) of slowest / fastest repeat - 1
+    paths: dict[tuple[str, str], PathFigures]  # (backend, method) -> its figures, every backend that ran it
+    ratios: tuple[tuple[str, Interval], ...]  # "baseline tokens/s, native compiled ÷ vLLM" -> value [CI]
 
 
 def summarize(measurement: Measurement) -> BenchSummary:
@@ -62,12 +78,13 @@ def summarize(measurement: Measurement) -> BenchSummary:
     fastest = fastest_repeats(requests)
     prompt_ids = list(dict.fromkeys(requests["prompt_id"]))
     baseline = measurement.specs[0]
-    points = {backend: _points(list(measurement.specs), fastest[fastest["backend"] == backend]) for backend in BACKENDS}
+    points = {backend: _points(list(measurement.specs), fastest[fastest["backend"] == backend])
+              for backend in ("native", "hf")}
     comparisons = []
     for spec in measurement.specs:
         hf_skipped = measurement.skipped.get(("hf", spec.point_id))
         sides = {backend: [_per_prompt(fastest, backend, s, prompt_ids) for s in (spec, baseline)]
-                 for backend in BACKENDS}
+                 for backend in ("native", "hf")}
         if hf_skipped is not None or measurement.skipped.get(("hf", baseline.point_id)) is not None:
             native_over_hf = None
         elif spec.method == "baseline":
@@ -91,8 +108,52 @@ def summarize(measurement: Measurement) -> BenchSummary:
             compared=compared,
         ))
     target_ms = next((c.prediction.target_ms_per_token for c in comparisons if c.prediction is not None), None)
+    paths, ratios = _across_backends(measurement, fastest, prompt_ids)
     return BenchSummary(measurement, target_ms, tuple(comparisons), _mismatches(requests, baseline),
-                        _repeat_spread(requests))
+                        _repeat_spread(requests), paths, ratios)
+
+
+def _across_backends(measurement: Measurement, fastest: pd.DataFrame, prompt_ids: list[str]
+                     ) -> tuple[dict[tuple[str, str], PathFigures], tuple[tuple[str, Interval], ...]]:
+    """Every backend's tokens/s and speedup per method, and the ratios of PAIRS: tokens/s for each method, and
+    each method's speedup over its own backend's baseline, with paired bootstrap CIs over prompts."""
+    baseline = measurement.specs[0]
+    ran = {(backend, spec.method): spec for spec in measurement.specs for backend in measurement.backends
+           if not _rows(fastest, backend, spec).empty}
+    sides = {key: (*_per_prompt(fastest, key[0], spec, prompt_ids), *_per_prompt(fastest, key[0], baseline, prompt_ids))
+             for key, spec in ran.items() if (key[0], "baseline") in ran}
+    paths = {}
+    for (backend, method), side in sides.items():
+        tokens, ms = side[0], side[1]
+        speedup = None if method == "baseline" else Interval(*stats.paired_bootstrap_speedup(*_seconds(side)))
+        paths[backend, method] = PathFigures(float(tokens.sum() / (ms.sum() / 1e3)), speedup,
+                                             _accepted_length(_rows(fastest, backend, ran[backend, method])))
+    ratios = []
+    for method in dict.fromkeys(spec.method for spec in measurement.specs):
+        for first, second in PAIRS:
+            if (first, method) not in sides or (second, method) not in sides:
+                continue
+            one, other = _seconds(sides[first, method]), _seconds(sides[second, method])
+            label = f"{NAMES[first]} ÷ {NAMES[second]}"
+            ratios.append((f"{method} tokens/s, {label}", Interval(*stats.paired_bootstrap_speedup(*one[:2], *other[:2]))))
+            if method != "baseline":
+                ratios.append((f"{method} speedup, {label}", Interval(*stats.paired_bootstrap_speedup_ratio(one, other))))
+    return paths, tuple(ratios)
+
+
+def _accepted_length(rows: pd.DataFrame) -> float | None:
+    """Tokens per target step: decode tokens over target steps, or the engine's own figure (vLLM)."""
+    if "engine_mean_accepted_length" in rows and rows["engine_mean_accepted_length"].notna().any():
+        return float(rows["engine_mean_accepted_length"].dropna().iloc[0])
+    steps = pd.to_numeric(rows["target_steps"], errors="coerce")
+    if steps.isna().any() or not steps.sum():
+        return None
+    return float(rows["decode_tokens"].sum() / steps.sum())
+
+
+def _seconds(side: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """(tokens, ms, baseline tokens, baseline ms) -> the same in seconds."""
+    return side[0], side[1] / 1e3, side[2], side[3] / 1e3
 
 
 def fastest_repeats(requests: pd.DataFrame) -> pd.DataFrame:
@@ -129,8 +190,8 @@ def _number(value) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
 
 
-def _baseline_shas(requests: pd.DataFrame, baseline: PointSpec) -> dict[tuple[str, int], str]:
-    rows = _rows(requests, "native", baseline)
+def _baseline_shas(requests: pd.DataFrame, baseline: PointSpec, backend: str = "native") -> dict[tuple[str, int], str]:
+    rows = _rows(requests, backend, baseline)
     return dict(zip(zip(rows["prompt_id"], rows["repeat"]), rows["output_sha"]))
 
 
@@ -147,11 +208,14 @@ def _identical(requests: pd.DataFrame, spec: PointSpec, baseline: PointSpec) -> 
 
 
 def _mismatches(requests: pd.DataFrame, baseline: PointSpec) -> tuple[str, ...]:
-    expected = _baseline_shas(requests, baseline)
+    """Requests whose greedy output differs from the native baseline's (vLLM's: from vLLM's own baseline, another
+    engine's fp32 kernels may round a near-tie the other way)."""
+    expected = {"native": _baseline_shas(requests, baseline), ENGINE: _baseline_shas(requests, baseline, ENGINE)}
     prompt_number = {prompt_id: n for n, prompt_id in enumerate(dict.fromkeys(requests["prompt_id"]), start=1)}
     return tuple(
         f"{r['backend']} {r['point_id']}, prompt {prompt_number[r['prompt_id']]}, repeat {r['repeat'] + 1}"
-        for r in requests.to_dict("records") if r["output_sha"] != expected[r["prompt_id"], r["repeat"]]
+        for r in requests.to_dict("records")
+        if r["output_sha"] != expected[ENGINE if r["backend"] == ENGINE else "native"].get((r["prompt_id"], r["repeat"]))
     )
 
 
