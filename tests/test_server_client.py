@@ -326,3 +326,18 @@ def test_warm_up_sends_no_measured_prompt_but_one_of_about_their_length():
     median = sorted(lengths)[len(lengths) // 2]
     assert all(abs(n - median) <= 0.2 * median + 10 for n in sent), (sent, median)
     assert [r.max_tokens for r in warmup] == [16, 17, 18, 19] and all(r.timeout_s == 70.0 for r in warmup)
+
+
+def test_an_engines_mean_accepted_length_counts_every_target_pass_not_only_those_that_drafted():
+    from specbench.summary import engine_acceptance
+
+    ngram = PointSpec("ngram-g3-t0-p1", "ngram", "ngram", 3, 0.0, 1.0, ngram_min=1, ngram_max=3)
+    counters = {"acceptance_source": "metrics", "engine_drafts": 20.0, "engine_draft_tokens": 60.0}
+    # 90 tokens after the prefills, 30 of them accepted drafts: 60 passes, of which only 20 had a draft
+    figures = engine_acceptance({**counters, "engine_accepted_tokens": 30.0}, ngram, decode_tokens=90)
+    assert figures["mean_accepted_length"] == 1.5 and figures["acceptance_rate"] == 0.5
+    # a self-draft accepting everything, its last pass cut by max_tokens: accepted 60 counted, 75 sent; 20 passes
+    figures = engine_acceptance({**counters, "engine_accepted_tokens": 60.0}, ngram, decode_tokens=75)
+    assert figures["mean_accepted_length"] == 75 / 20
+    assert engine_acceptance({**counters, "engine_accepted_tokens": 0.0}, ngram, decode_tokens=90)[
+        "mean_accepted_length"] == 1.0
