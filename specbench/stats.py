@@ -135,11 +135,37 @@ class StepModel:
         return len(self.drafted_at_least)
 
     def at_gamma(self, gamma: int) -> "StepModel":
-        """The same draft at a speculation length gamma <= the measured one: a step drafts
-        min(drafted, gamma) tokens and keeps the same accepted prefix."""
+        """The same draft at a speculation length gamma <= the measured one, G.
+
+        A measured step that accepted a < G tokens covers a + 1 positions of the output, from which the draft would
+        accept a, a - 1, ..., 0 tokens (the same prefix of the same output: greedy decoding, a deterministic draft),
+        so at gamma that span takes ceil((a + 1) / (gamma + 1)) steps, the first ones accepting gamma each and the last
+        the rest; a step that accepted all G is taken to end there too (whether the draft would have guessed the
+        target's own token after them is not recorded). Truncating each step at gamma instead loses the span's later
+        tokens: on a recorded 2-core grid (n-gram, int8 self-draft, gamma 1-8 predicted from 8) it under-predicted
+        n-gram's tokens per step by up to 10 %, this by at most 1 %. Drafted: a span's steps draft gamma tokens,
+        except a step that accepted nothing at G: it drafted what such steps did (n-gram lookup: often nothing)."""
         if not 1 <= gamma <= self.gamma:
             raise ValueError(f"gamma {gamma} is outside the measured 1..{self.gamma}")
-        return StepModel(self.drafted_at_least[:gamma], self.accepted_through[:gamma])
+        if gamma == self.gamma:
+            return self
+        through = np.asarray([1.0, *self.accepted_through, 0.0])
+        exactly = np.maximum(through[:-1] - through[1:], 0.0)  # [G + 1]: P(a step accepted exactly a)
+        drafted = np.zeros(gamma)
+        accepted = np.zeros(gamma)
+        steps = 0.0
+        for a, share in enumerate(exactly):
+            if share <= 0:
+                continue
+            spans = -(-(a + 1) // (gamma + 1))  # steps at gamma; each but the last accepts gamma
+            steps += share * spans
+            accepted += share * (spans - 1)
+            accepted[: a - (spans - 1) * (gamma + 1)] += share
+            drafted += share * spans if a > 0 else 0.0
+        first = self.drafted_at_least[0]
+        if exactly[0] > 0 and first > 0:  # steps that accepted nothing: the drafted share of those that drafted
+            drafted += max(first - self.accepted_through[0], 0.0) * np.asarray(self.drafted_at_least[:gamma]) / first
+        return StepModel(tuple(np.minimum(drafted / steps, 1.0)), tuple(accepted / steps))
 
     def drafted_share(self) -> tuple[float, ...]:
         """[gamma + 1]: P(a step drafts exactly k tokens), k = 0..gamma."""
