@@ -5,9 +5,11 @@ draft (`max_gamma_predicted_speedup`), so the prediction tune's warm start acts 
 measurements; `specbench tune` calibrates on one point per draft at the largest gamma and tries the best
 predictions first.
 
-At a smaller gamma' a step drafts min(drafted, gamma') tokens and keeps the same accepted prefix, so
+At a smaller gamma' a sampled step drafts min(drafted, gamma') tokens and keeps the same accepted prefix, so
 E[tokens per step] = 1 + sum_{k<gamma'} P(drafted tokens 0..k accepted), which is Leviathan et al.'s
-(1 - a^(g+1)) / (1 - a) when every step drafts gamma tokens and acceptance is geometric. The step's cost
+(1 - a^(g+1)) / (1 - a) when every step drafts gamma tokens and acceptance is geometric; a greedy point's measured
+spans are re-cut at gamma' instead (stats.StepModel.at_gamma: the output and the draft's guesses are the same at
+every gamma). The step's cost
 is the draft time of the tokens drafted plus the time of verifying them and the bonus token, relative to
 the baseline's time per token; a request adds its prefill (TTFT: the target's and the draft's, the same
 at every gamma) to its decode steps. The verify time of k tokens is the baseline's one-token step times
@@ -44,6 +46,7 @@ class Calibration:
     decode_tokens: float = 0.0  # output tokens after the prefill's first one
     ttft_ms: float = 0.0  # the point's prefill (target and draft) and first token
     baseline_ttft_ms: float = 0.0
+    greedy: bool = False  # temperature 0: a smaller gamma re-cuts the measured spans (StepModel.at_gamma)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -57,11 +60,11 @@ class Calibration:
     def step_model(self, gamma: int | None = None) -> StepModel:
         """What a step drafts and accepts at `gamma` (default: the calibrated gamma)."""
         model = StepModel(self.drafted_per_step, self.accepted_per_step)
-        return model if gamma is None else model.at_gamma(gamma)
+        return model if gamma is None else model.at_gamma(gamma, greedy=self.greedy)
 
 
 def calibrate(rows: pd.DataFrame, baseline_rows: pd.DataFrame, *, gamma: int,
-              verify_ms_by_tokens: tuple[float, ...] = ()) -> Calibration | None:
+              verify_ms_by_tokens: tuple[float, ...] = (), greedy: bool = False) -> Calibration | None:
     """From a calibration point's request rows; None when the backend does not record what it drafted
     (HF generate) or the point took no steps."""
     steps = rows["target_steps"].sum()
@@ -82,6 +85,7 @@ def calibrate(rows: pd.DataFrame, baseline_rows: pd.DataFrame, *, gamma: int,
         decode_tokens=float(rows["decode_tokens"].mean()),
         ttft_ms=float(rows["ttft_ms"].mean()),
         baseline_ttft_ms=float(baseline_rows["ttft_ms"].mean()),
+        greedy=greedy,
     )
 
 
@@ -146,7 +150,7 @@ def from_largest_gamma(specs: Sequence[PointSpec], requests: Mapping[str, pd.Dat
         if key not in calibrations:
             curve = tuple(verify_ms_by_tokens) if len(verify_ms_by_tokens) >= top.gamma + 1 else ()
             calibrations[key] = calibrate(requests[top.point_id], requests[top.baseline_id], gamma=top.gamma,
-                                          verify_ms_by_tokens=curve)
+                                          verify_ms_by_tokens=curve, greedy=top.temperature == 0)
         calibration = calibrations[key]
         if calibration is not None and calibration.drafted_per_step and calibration.drafted_per_step[0] > 0:
             predicted[spec.point_id] = predict(calibration, spec.gamma).speedup

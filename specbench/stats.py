@@ -134,38 +134,61 @@ class StepModel:
     def gamma(self) -> int:
         return len(self.drafted_at_least)
 
-    def at_gamma(self, gamma: int) -> "StepModel":
+    def at_gamma(self, gamma: int, *, greedy: bool = False) -> "StepModel":
         """The same draft at a speculation length gamma <= the measured one, G.
 
-        A measured step that accepted a < G tokens covers a + 1 positions of the output, from which the draft would
-        accept a, a - 1, ..., 0 tokens (the same prefix of the same output: greedy decoding, a deterministic draft),
-        so at gamma that span takes ceil((a + 1) / (gamma + 1)) steps, the first ones accepting gamma each and the last
-        the rest; a step that accepted all G is taken to end there too (whether the draft would have guessed the
-        target's own token after them is not recorded). Truncating each step at gamma instead loses the span's later
-        tokens: on a recorded 2-core grid (n-gram, int8 self-draft, gamma 1-8 predicted from 8) it under-predicted
-        n-gram's tokens per step by up to 10 %, this by at most 1 %. Drafted: a span's steps draft gamma tokens,
-        except a step that accepted nothing at G: it drafted what such steps did (n-gram lookup: often nothing)."""
+        Sampled: acceptance is a coin per drafted token wherever a step starts, so each step is cut at gamma (it
+        drafts min(drafted, gamma) and keeps the same accepted prefix; exact for Leviathan's i.i.d. acceptance).
+
+        Greedy: the output is the same at every gamma and a greedy draft's guesses depend only on the prefix, so a
+        measured step that accepted a < G tokens covers a + 1 output positions from which the draft would accept a,
+        a - 1, ..., 0 tokens; at gamma that span takes ceil((a + 1) / (gamma + 1)) steps, the first ones accepting
+        gamma each and the last the rest. A step that accepted all G covers G + 1 positions and continues into the
+        next span when the draft would also have guessed the target's own token after them — not recorded, so with
+        the chance a drafted token is accepted after an accepted one (pooled over positions 2..G). Cutting each
+        step at gamma instead loses the rest of its span: on two recorded 2-core runs of the embedded model
+        (n-gram and int8 self-draft, gamma 1-8 predicted from 8 and 1-4 from 4) it read n-gram's tokens per step up
+        to 10 % low, this within 2 %. Drafted: every step of a span drafts gamma tokens, except a step that
+        accepted nothing at G: it drafted what such steps did (n-gram lookup: often nothing)."""
         if not 1 <= gamma <= self.gamma:
             raise ValueError(f"gamma {gamma} is outside the measured 1..{self.gamma}")
         if gamma == self.gamma:
             return self
+        if not greedy:
+            return StepModel(self.drafted_at_least[:gamma], self.accepted_through[:gamma])
+        return self._recut(gamma)
+
+    def _recut(self, gamma: int) -> "StepModel":
+        top = self.gamma
         through = np.asarray([1.0, *self.accepted_through, 0.0])
         exactly = np.maximum(through[:-1] - through[1:], 0.0)  # [G + 1]: P(a step accepted exactly a)
-        drafted = np.zeros(gamma)
-        accepted = np.zeros(gamma)
-        steps = 0.0
-        for a, share in enumerate(exactly):
-            if share <= 0:
-                continue
-            spans = -(-(a + 1) // (gamma + 1))  # steps at gamma; each but the last accepts gamma
-            steps += share * spans
-            accepted += share * (spans - 1)
-            accepted[: a - (spans - 1) * (gamma + 1)] += share
-            drafted += share * spans if a > 0 else 0.0
+        after = through[1:-1]  # P(accepted through position k), k = 0..G-1
+        pooled = after[1:].sum() / after[:-1].sum() if top > 1 and after[:-1].sum() > 0 else after[0]
+        carry = exactly[top] * pooled  # a full span that runs on into the next
+        ending = exactly.copy()
+        ending[top] *= 1.0 - pooled  # the last span of a run: [G + 1], sums to 1 - carry
         first = self.drafted_at_least[0]
-        if exactly[0] > 0 and first > 0:  # steps that accepted nothing: the drafted share of those that drafted
-            drafted += max(first - self.accepted_through[0], 0.0) * np.asarray(self.drafted_at_least[:gamma]) / first
-        return StepModel(tuple(np.minimum(drafted / steps, 1.0)), tuple(accepted / steps))
+        nothing = (max(first - self.accepted_through[0], 0.0) * np.asarray(self.drafted_at_least[:gamma]) / first
+                   if first > 0 else np.zeros(gamma))  # what a step that accepts nothing drafts
+        drafted, accepted, steps = np.zeros(gamma), np.zeros(gamma), 0.0
+        length = np.arange(top + 1) + 1  # positions a span of a accepted covers
+        for merged in range(1000):  # runs of `merged` full spans and one ending span, P = (1 - carry) carry^merged
+            weight = carry**merged
+            if weight < 1e-12:
+                break
+            positions = (top + 1) * merged + length
+            spans = -(-positions // (gamma + 1))
+            rest = positions - 1 - (spans - 1) * (gamma + 1)  # what the last step of the run accepts
+            shares = weight * ending
+            steps += float((shares * spans).sum())
+            accepted += float((shares * (spans - 1)).sum())  # a run's steps but its last accept gamma
+            for kept, share in zip(rest, shares):
+                accepted[:kept] += share
+            # every step drafts gamma, but a step that accepted nothing at G drafts what those did
+            drafted += float((shares * spans).sum())
+            if merged == 0 and exactly[0] > 0:
+                drafted += shares[0] * (nothing / exactly[0] - 1.0)
+        return StepModel(tuple(np.minimum(drafted / steps, 1.0)), tuple(np.minimum(accepted / steps, 1.0)))
 
     def drafted_share(self) -> tuple[float, ...]:
         """[gamma + 1]: P(a step drafts exactly k tokens), k = 0..gamma."""

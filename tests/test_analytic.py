@@ -68,6 +68,14 @@ def test_the_warm_start_predicts_a_smaller_gamma_from_the_calibration_counts():
     step_ms = 1.0 * 1.0 + 10.0 * (0.5 * 10.0 + 0.5 * 11.5) / 10.0
     assert predicted_speedup(calibration, 2) == pytest.approx((40.0 + 50 * 10.0) / (50.0 + 50 * step_ms / 2.0))
     assert Calibration.from_dict(calibration.as_dict()) == calibration
+    # greedy (temperature 0): the measured spans re-cut at gamma 2 (stats.StepModel.at_gamma), the same costs
+    greedy = calibrate(point, baseline, gamma=4, verify_ms_by_tokens=(10.0, 11.0, 11.5, 11.8, 12.0), greedy=True)
+    recut = calibration.step_model().at_gamma(2, greedy=True)
+    assert greedy.step_model(2) == recut and recut.tokens_per_step() > calibration.step_model(2).tokens_per_step()
+    step_ms = 1.0 * recut.drafted_per_step() + 10.0 * recut.verify_ms((10.0, 11.0, 11.5)) / 10.0
+    assert predicted_speedup(greedy, 2) == pytest.approx(
+        (40.0 + 50 * 10.0) / (50.0 + 50 * step_ms / recut.tokens_per_step()))
+    assert Calibration.from_dict(greedy.as_dict()) == greedy
 
 
 def test_a_calibration_stored_before_the_prefill_was_recorded_still_loads():
@@ -134,7 +142,7 @@ def test_each_point_gets_the_speedup_its_drafts_largest_gamma_predicts_for_it():
     specs = [BASELINE, NGRAM, NGRAM_G2, OTHER_G2]
     points = summary.summarize(specs, pd.concat([baseline, largest, small, other]), failures={}, context={},
                                verify_ms_by_tokens=curve).set_index("point_id")
-    calibration = calibrate(largest, baseline, gamma=4, verify_ms_by_tokens=curve)
+    calibration = calibrate(largest, baseline, gamma=4, verify_ms_by_tokens=curve, greedy=True)  # temperature 0
     # gamma 2 from gamma 4's counts and the timed verify curve, not from gamma 2's own steps
     assert points.loc[NGRAM_G2.point_id, "max_gamma_predicted_speedup"] == pytest.approx(predicted_speedup(calibration, 2))
     assert points.loc[NGRAM_G2.point_id, "max_gamma_predicted_speedup"] != pytest.approx(
@@ -147,7 +155,7 @@ def test_each_point_gets_the_speedup_its_drafts_largest_gamma_predicts_for_it():
     # without the timing (hf, a replay): the verify cost is interpolated between one token and the largest step
     untimed = summary.summarize(specs, pd.concat([baseline, largest, small, other]), failures={}, context={})
     assert untimed.set_index("point_id").loc[NGRAM_G2.point_id, "max_gamma_predicted_speedup"] == pytest.approx(
-        predicted_speedup(calibrate(largest, baseline, gamma=4), 2))
+        predicted_speedup(calibrate(largest, baseline, gamma=4, greedy=True), 2))
 
 
 def test_no_prediction_across_gamma_from_a_point_that_records_no_steps():

@@ -26,14 +26,14 @@ def test_the_counts_give_the_distribution_of_drafted_tokens_and_the_prefix_accep
     assert NGRAM.verify_ms((10.0, 20.0, 15.0, 12.0, 11.0)) == 0.5 * 10.0 + 0.5 * 11.0  # 1 or 5 tokens verified
 
 
-def test_a_smaller_gamma_recuts_each_measured_span_into_steps_of_at_most_gamma():
-    two = NGRAM.at_gamma(2)  # spans of 0, 0, 2 and 4 accepted: 1, 1, 1 and 2 steps (the last accepting 2 then 1)
-    assert two.accepted_through == pytest.approx((3 / 5, 2 / 5))
-    assert two.tokens_per_step() == pytest.approx(2.0)  # the 5 steps emit 1, 1, 3, 3 and 2 tokens
-    assert two.drafted_share() == pytest.approx((0.4, 0.0, 0.6))  # the steps that matched nothing still draft nothing
-    assert NGRAM.at_gamma(4) is NGRAM
+def test_a_smaller_gamma_sampled_drafts_at_most_gamma_and_keeps_the_accepted_prefix():
+    two = NGRAM.at_gamma(2)
+    assert two.drafted_share() == (0.5, 0.0, 0.5)
+    assert two.tokens_per_step() == 2.0  # the steps would emit 1, 1, 3 and 3 tokens
+    assert two.drafted_per_step() == 1.0
+    assert NGRAM.at_gamma(4) is NGRAM is NGRAM.at_gamma(4, greedy=True)
     with pytest.raises(ValueError, match="gamma 5 is outside the measured 1..4"):
-        NGRAM.at_gamma(5)
+        NGRAM.at_gamma(5, greedy=True)
 
 
 def _greedy_run(runs: list[int], gamma: int) -> tuple[int, list[int]]:
@@ -50,19 +50,34 @@ def _greedy_run(runs: list[int], gamma: int) -> tuple[int, list[int]]:
     return steps, accepted
 
 
-def test_the_recut_spans_predict_a_deterministic_drafts_tokens_per_step_at_every_smaller_gamma():
+def _measured(runs: list[int], top: int) -> StepModel:
+    steps, accepted = _greedy_run(runs, top)
+    return StepModel.from_counts(steps=steps, drafted_per_position=[steps] * top,
+                                 accepted_per_position=[sum(a > k for a in accepted) for k in range(top)])
+
+
+def test_greedy_recuts_each_measured_span_exactly_when_no_step_accepted_everything():
     rng = np.random.default_rng(0)  # bursty, as n-gram lookup is: mostly nothing, sometimes a long copied run
     runs = [int(rng.integers(3, 12)) if rng.random() < 0.3 else 0 for _ in range(400)]
     top = max(runs) + 1  # measured at a gamma no run fills: every span ends at a rejection
-    steps, accepted = _greedy_run(runs, top)
-    measured = StepModel.from_counts(steps=steps, drafted_per_position=[steps] * top,
-                                     accepted_per_position=[sum(a > k for a in accepted) for k in range(top)])
+    measured = _measured(runs, top)
     for gamma in range(1, top):
-        at_gamma, per_step = _greedy_run(runs, gamma)
-        assert measured.at_gamma(gamma).tokens_per_step() == pytest.approx((at_gamma + sum(per_step)) / at_gamma)
-        truncated = 1 + sum(measured.accepted_through[:gamma])
-        if gamma < 4:  # cutting every measured step at gamma would lose the rest of its span
-            assert truncated < 0.9 * measured.at_gamma(gamma).tokens_per_step()
+        steps, per_step = _greedy_run(runs, gamma)
+        recut = measured.at_gamma(gamma, greedy=True)
+        assert recut.tokens_per_step() == pytest.approx((steps + sum(per_step)) / steps)
+        assert recut.drafted_share()[gamma] == pytest.approx(1.0)  # a draft model drafts gamma every step
+        if gamma < 4:  # cutting every measured step at gamma (the sampled rule) would lose the rest of its span
+            assert measured.at_gamma(gamma).tokens_per_step() < 0.9 * recut.tokens_per_step()
+
+
+def test_greedy_runs_that_fill_the_measured_gamma_continue_at_the_pooled_acceptance():
+    # memoryless runs: after a right guess the next is right with probability 0.65 wherever it stands
+    runs = list(np.random.default_rng(1).geometric(0.35, size=20000) - 1)
+    measured = _measured(runs, 3)  # a quarter of the steps accept all 3
+    for gamma in (1, 2):
+        steps, per_step = _greedy_run(runs, gamma)
+        assert measured.at_gamma(gamma, greedy=True).tokens_per_step() == pytest.approx(
+            (steps + sum(per_step)) / steps, rel=0.01)
 
 
 def test_ngram_steps_that_draft_nothing_half_the_time_predict_less_than_the_gamma_always_formula():
@@ -82,6 +97,7 @@ def test_a_draft_that_always_drafts_gamma_with_geometric_acceptance_is_leviathan
         if alpha < 1:
             assert geometric.tokens_per_step() == pytest.approx((1 - alpha ** (gamma + 1)) / (1 - alpha))
         assert geometric.drafted_share() == (0.0,) * gamma + (1.0,)
+        assert StepModel.geometric(alpha=alpha, gamma=6).at_gamma(gamma) == geometric  # sampled: each step cut
     counts = StepModel.from_counts(steps=1000, drafted_per_position=[1000] * 3, accepted_per_position=[500, 250, 125])
     assert counts.tokens_per_step() == (1 - 0.5**4) / (1 - 0.5)
 

@@ -236,7 +236,8 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, spec, *, config, plan: 
     _set_measurement(trial, measured, plan, evaluated=outcome.evaluated)
     if trial.user_attrs.get("role") == "calibration" and plan.warm_start_unavailable is None:
         calibration = calibrate(outcome.rows, baseline_rows, gamma=config.gamma,
-                                verify_ms_by_tokens=evaluator.verify_costs(config.gamma + 1))
+                                verify_ms_by_tokens=evaluator.verify_costs(config.gamma + 1),
+                                greedy=spec.temperature == 0)
         if calibration is not None:
             trial.set_user_attr("calibration", calibration.as_dict())
     study.tell(trial, list(measured.values))
