@@ -19,10 +19,10 @@ DRAFT_STEP_TOKENS = 2  # a draft model's step feeds at most the bonus token and 
 
 
 def compile_enabled(models: LoadedModels) -> bool:
-    """run.compile, else on a GPU only. On the 2-core CPU (`make bench-compiled`, embedded SmolLM2-135M, fp32) the
-    compiled baseline made 1.17x [1.16, 1.18] the eager tokens/s, but compiling its three step buckets took 23 s
-    with inductor's cache warm, 30-53 s per bucket cold: more than a quickstart-sized run saves, and its int8
-    self-draft cannot compile at all (the run would fall back to eager)."""
+    """run.compile, else on a GPU only. On the 2-core CPU (`make bench`, embedded SmolLM2-135M, fp32) the compiled
+    baseline made 1.05x the eager tokens/s and n-gram gamma 3 1.25x, but compiling its three step buckets took 95 s:
+    more than a quickstart-sized run saves, and its int8 self-draft cannot compile at all (the run would fall back
+    to eager)."""
     chosen = models.profile.run.compile
     return chosen if chosen is not None else models.device.type == "cuda"
 
