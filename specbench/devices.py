@@ -98,6 +98,15 @@ class PeakMemory:
         return max(0, peak_kb * 1024 - self._base)
 
 
+def resident_bytes(device: torch.device) -> int | None:
+    """Memory held now: CUDA `memory_allocated`, else the process's RSS (None where /proc cannot tell)."""
+    if device.type == "cuda":
+        synchronize(device)
+        return torch.cuda.memory_allocated(device)
+    rss_kb = _status_kb("VmRSS")
+    return None if rss_kb is None else rss_kb * 1024
+
+
 def _reset_peak_rss() -> None:
     try:
         Path("/proc/self/clear_refs").write_text("5")

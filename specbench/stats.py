@@ -165,6 +165,8 @@ class StepModel:
         after = through[1:-1]  # P(accepted through position k), k = 0..G-1
         pooled = after[1:].sum() / after[:-1].sum() if top > 1 and after[:-1].sum() > 0 else after[0]
         carry = exactly[top] * pooled  # a full span that runs on into the next
+        if carry > 1.0 - 1e-6:  # every measured step accepted everything: so would every step at gamma
+            return StepModel((1.0,) * gamma, (1.0,) * gamma)
         ending = exactly.copy()
         ending[top] *= 1.0 - pooled  # the last span of a run: [G + 1], sums to 1 - carry
         first = self.drafted_at_least[0]
@@ -172,9 +174,9 @@ class StepModel:
                    if first > 0 else np.zeros(gamma))  # what a step that accepts nothing drafts
         drafted, accepted, steps = np.zeros(gamma), np.zeros(gamma), 0.0
         length = np.arange(top + 1) + 1  # positions a span of a accepted covers
-        for merged in range(1000):  # runs of `merged` full spans and one ending span, P = (1 - carry) carry^merged
+        for merged in range(100_000):  # runs of `merged` full spans and one ending span, P = (1 - carry) carry^merged
             weight = carry**merged
-            if weight < 1e-12:
+            if weight < 1e-9:
                 break
             positions = (top + 1) * merged + length
             spans = -(-positions // (gamma + 1))

@@ -70,6 +70,12 @@ def test_greedy_recuts_each_measured_span_exactly_when_no_step_accepted_everythi
             assert measured.at_gamma(gamma).tokens_per_step() < 0.9 * recut.tokens_per_step()
 
 
+def test_a_greedy_draft_that_accepted_everything_accepts_gamma_at_every_smaller_gamma():
+    perfect = StepModel.from_counts(steps=10, drafted_per_position=[10] * 4, accepted_per_position=[10] * 4)
+    for gamma in (1, 2, 3):
+        assert perfect.at_gamma(gamma, greedy=True).tokens_per_step() == gamma + 1
+
+
 def test_greedy_runs_that_fill_the_measured_gamma_continue_at_the_pooled_acceptance():
     # memoryless runs: after a right guess the next is right with probability 0.65 wherever it stands
     runs = list(np.random.default_rng(1).geometric(0.35, size=20000) - 1)

@@ -145,6 +145,8 @@ class NativeSession(InProcessSession):
                                                 if isinstance(draft := m.drafts.get(spec.name), LoadedModel)]
         models = {role: {"kv_cache": "static", "compile_s": sum(static.compile_s.values()),
                          "compile_s_by_step_tokens": {str(k): v for k, v in sorted(static.compile_s.items())},
+                         "compile_mb": (sum(static.compile_mb.values()) if None not in static.compile_mb.values()
+                                        else None),
                          "mode": "cuda graphs" if static.graphs else "inductor"}
                   for role, model in roles if (static := self.static.get(id(model))) is not None}
         return {**described, "compile": {"enabled": True, "fallback": self.fallback, "models": models}}

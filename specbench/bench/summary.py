@@ -125,7 +125,7 @@ def _across_backends(measurement: Measurement, fastest: pd.DataFrame, prompt_ids
     paths = {}
     for (backend, method), side in sides.items():
         tokens, ms = side[0], side[1]
-        speedup = None if method == "baseline" else Interval(*stats.paired_bootstrap_speedup(*_seconds(side)))
+        speedup = None if method == "baseline" else Interval(*stats.paired_bootstrap_speedup(*side))
         paths[backend, method] = PathFigures(float(tokens.sum() / (ms.sum() / 1e3)), speedup,
                                              _accepted_length(_rows(fastest, backend, ran[backend, method])))
     ratios = []
@@ -133,7 +133,7 @@ def _across_backends(measurement: Measurement, fastest: pd.DataFrame, prompt_ids
         for first, second in PAIRS:
             if (first, method) not in sides or (second, method) not in sides:
                 continue
-            one, other = _seconds(sides[first, method]), _seconds(sides[second, method])
+            one, other = sides[first, method], sides[second, method]  # ratios: ms serve as well as seconds
             label = f"{NAMES[first]} ÷ {NAMES[second]}"
             ratios.append((f"{method} tokens/s, {label}", Interval(*stats.paired_bootstrap_speedup(*one[:2], *other[:2]))))
             if method != "baseline":
@@ -149,11 +149,6 @@ def _accepted_length(rows: pd.DataFrame) -> float | None:
     if steps.isna().any() or not steps.sum():
         return None
     return float(rows["decode_tokens"].sum() / steps.sum())
-
-
-def _seconds(side: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-    """(tokens, ms, baseline tokens, baseline ms) -> the same in seconds."""
-    return side[0], side[1] / 1e3, side[2], side[3] / 1e3
 
 
 def fastest_repeats(requests: pd.DataFrame) -> pd.DataFrame:

@@ -19,7 +19,7 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
-from specbench.devices import Clock
+from specbench.devices import Clock, resident_bytes
 from specbench.decoding import kv
 from specbench.decoding.eagle3 import AuxCapture
 
@@ -65,6 +65,7 @@ class StaticModel:
         self.graphs = compile and self.device.type == "cuda"  # CUDA graphs replay into the same output buffers
         self.step = _compiled(self._step, graphs=self.graphs) if compile else self._step
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its warm-up (compilation, graph capture)
+        self.compile_mb: dict[int, float | None] = {}  # bucket -> memory its graph holds afterwards (MiB)
         self._length = 0
 
     def begin(self, max_length: int, *, rolls_back: bool) -> None:
@@ -123,9 +124,12 @@ class StaticModel:
 
     def warm_up(self, tokens: range) -> None:
         """Compile (and on a GPU capture) the step of every bucket that `tokens` new tokens pad to, outside any
-        timed region; each bucket's seconds go to compile_s. Raises what compilation raises."""
+        timed region; each bucket's seconds go to compile_s, the memory it holds afterwards to compile_mb (on a CPU
+        each frozen graph keeps its own prepacked weights: ~550 MiB a bucket for SmolLM2-135M's 513 MiB, against
+        ~30 MiB unfrozen). Raises what compilation raises."""
         with torch.inference_mode():
             for size in sorted({bucket(t) for t in tokens} - set(self.compile_s)):
+                before = resident_bytes(self.device)
                 self.begin(size + 1, rolls_back=True)
                 self.prefill(torch.zeros((1, 1), dtype=torch.long, device=self.device))
                 clock = Clock(self.device)
@@ -133,6 +137,8 @@ class StaticModel:
                     self.forward(torch.zeros((1, size), dtype=torch.long, device=self.device))
                     self.crop(1)
                 self.compile_s[size] = clock.now()
+                after = resident_bytes(self.device)
+                self.compile_mb[size] = None if before is None or after is None else max(after - before, 0) / 2**20
 
     def _step(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits = self.model(input_ids=input_ids, use_cache=True, **self._cache_argument).logits[0]
@@ -155,7 +161,7 @@ def _compiled(step, *, graphs: bool):
         # On a CPU, freezing folds the weights into the graph as constants and prepacks them for the linear kernels:
         # a verify of 4 tokens then costs 1.1x a 1-token step instead of 1.5x (SmolLM2-135M, 2 cores; the 1-token
         # step ~4 % slower), which is what speculation buys here. Set while a graph compiles (inductor reads it then;
-        # torch.compile's `options` did not apply it); the prepacked copy adds the model's weight size to memory.
+        # torch.compile's `options` did not apply it). Each bucket's graph holds its own prepacked copy (compile_mb).
         with torch._inductor.config.patch(freezing=True):
             return compiled(*args)
 
