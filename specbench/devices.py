@@ -107,6 +107,19 @@ def resident_bytes(device: torch.device) -> int | None:
     return None if rss_kb is None else rss_kb * 1024
 
 
+def available_bytes(device: torch.device) -> int | None:
+    """Memory a process can still take: free CUDA memory, else the host's MemAvailable (None where unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _reset_peak_rss() -> None:
     try:
         Path("/proc/self/clear_refs").write_text("5")

@@ -17,7 +17,7 @@ from specbench.cli import app
 
 from specbench.decoding import BaselineProposer, DraftModelProposer, NgramProposer, StepState, generate
 from specbench.decoding import decode
-from specbench.decoding.static import BUCKETS, StaticModel, bucket, unsupported
+from specbench.decoding.static import BUCKETS, StaticModel, bucket, freeze_refusal, unsupported
 from specbench.profile import load_profile, with_overrides
 from test_decoding import MAX_NEW, PROMPT, check_accounting, tiny_mistral
 from test_sampling import P_MIN, TOKENS, VOCAB, empirical_joint, exact_joint, inverted_verify_sampling, pair_p_values
@@ -271,5 +271,42 @@ def test_a_cpu_step_compiles_with_freezing_and_a_gpu_step_with_cuda_graphs(monke
     monkeypatch.setattr(torch, "compile", fake_compile)
     static._compiled(lambda x: x, graphs=False)(1)
     static._compiled(lambda x: x, graphs=True)(1)
-    assert seen == [(None, True), ("reduce-overhead", False)]
+    static._compiled(lambda x: x, graphs=False, freeze=False)(1)
+    assert seen == [(None, True), ("reduce-overhead", False), (None, False)]
     assert torch._inductor.config.freezing is False  # only while the step runs
+
+
+def test_frozen_graphs_must_fit_in_half_the_free_memory():
+    """Each frozen bucket keeps a prepacked copy of its model's weights (~550 MiB a bucket for 513 MiB measured):
+    a 7B fp32 target's five buckets (140 GB) would not fit a 64 GiB host, the embedded model's do."""
+    gib = 2**30
+    assert freeze_refusal([(513 * 2**20, 3), (130 * 2**20, 2)], 20 * gib) is None
+    assert freeze_refusal([(4 * gib, 5)], 40 * gib) is None  # 20 GiB: exactly half
+    refusal = freeze_refusal([(28 * gib, 5)], 64 * gib)
+    assert refusal == ("frozen graphs would hold 140.0 GiB (a copy of the weights per step bucket), more than 50% of "
+                       "the 64.0 GiB available: compiled without freezing")
+    assert freeze_refusal([(28 * gib, 5)], None) is None  # unknown: frozen, as measured to pay here
+
+
+def test_a_run_too_large_to_freeze_compiles_unfrozen_and_says_so(tmp_path, models_dir, monkeypatch):
+    """The decision is the run's (every model alike, so the verify curve and the points decode on one kind of
+    graph), and the manifest says which kind and why."""
+    from specbench.backends import native
+
+    monkeypatch.chdir(tmp_path)
+    write_project(tmp_path, profile=tiny_profile(gamma=(2,), temperature=(0.0,), repeats=1),
+                  prompts=[("the cat sat on the mat and the dog ran fast", "chat")], models=models_dir)
+    for free, kind in ((None, "frozen"), (1024, "unfrozen")):  # unknown free memory, then 1 KiB
+        monkeypatch.setattr(native, "available_bytes", lambda device: free)
+        result = CliRunner().invoke(app, ["run", "tiny.toml", "--compile", "--out", kind])
+        assert result.exit_code == 0, result.output
+        assert (pd.read_parquet(tmp_path / kind / "points.parquet")["kv_cache"] == "static").all()
+        compiled = json.loads((tmp_path / kind / "manifest.json").read_text())["compile"]
+        modes = {entry["mode"] for entry in compiled["models"].values()}
+        if kind == "frozen":
+            assert modes == {"inductor, frozen"} and "freeze_refusal" not in compiled
+        else:
+            assert modes == {"inductor"}
+            assert re.fullmatch(r"frozen graphs would hold [\d.]+ MiB \(a copy of the weights per step bucket\), more "
+                                r"than 50% of the 0\.0 MiB available: compiled without freezing",
+                                compiled["freeze_refusal"])

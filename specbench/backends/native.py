@@ -10,9 +10,10 @@ import torch
 from specbench.backends.inprocess import GenerateOne, InProcessBackend, InProcessSession, LoadedModels
 from specbench.decoding import BaselineProposer, DraftModelProposer, Eagle3Proposer, NgramProposer, Proposer, generate
 from specbench.decoding.costs import verify_costs_ms
-from specbench.decoding.static import BUCKETS, StaticModel
+from specbench.decoding.static import BUCKETS, StaticModel, bucket, freeze_refusal
+from specbench.devices import available_bytes
 from specbench.errors import one_line
-from specbench.models import LoadedModel
+from specbench.models import LoadedModel, weight_bytes
 from specbench.results import PointSpec
 
 DRAFT_STEP_TOKENS = 2  # a draft model's step feeds at most the bonus token and the last accepted draft
@@ -37,6 +38,7 @@ class NativeSession(InProcessSession):
         # with run.compile: each distinct model's StaticModel (the target's and the drafts'), or why none serves the run
         self.static: dict[int, StaticModel] = {}
         self.fallback: str | None = None
+        self.freeze_refusal: str | None = None  # why the CPU graphs are not frozen (their copies would not fit)
         if self.compiled:
             self._prepare_static()
 
@@ -62,12 +64,16 @@ class NativeSession(InProcessSession):
         needs = [(draft.model, f"draft {spec.name}", DRAFT_STEP_TOKENS) for spec in m.profile.drafts
                  if spec.method == "draft" and isinstance(draft := m.drafts.get(spec.name), LoadedModel)]
         needs.append((m.target.model, "target", max_gamma + 1))
+        distinct = {id(model): (weight_bytes(model), len({bucket(t) for t in range(1, tokens + 1)}))
+                    for model, _, tokens in needs}
+        if m.device.type == "cpu":  # CUDA graphs are not frozen
+            self.freeze_refusal = freeze_refusal(list(distinct.values()), available_bytes(m.device))
         for model, role, tokens in needs:
             if id(model) in self.static:
                 continue
             static = None
             try:
-                static = StaticModel(model, capacity=capacity, name=role,
+                static = StaticModel(model, capacity=capacity, name=role, freeze=self.freeze_refusal is None,
                                      aux_layers=aux_layers if model is m.target.model else ())
                 static.warm_up(range(1, tokens + 1))
             except ValueError as error:  # a cache layout the static cache cannot hold
@@ -147,9 +153,10 @@ class NativeSession(InProcessSession):
                          "compile_s_by_step_tokens": {str(k): v for k, v in sorted(static.compile_s.items())},
                          "compile_mb": (sum(static.compile_mb.values()) if None not in static.compile_mb.values()
                                         else None),
-                         "mode": "cuda graphs" if static.graphs else "inductor"}
+                         "mode": "cuda graphs" if static.graphs else "inductor, frozen" if static.frozen else "inductor"}
                   for role, model in roles if (static := self.static.get(id(model))) is not None}
-        return {**described, "compile": {"enabled": True, "fallback": self.fallback, "models": models}}
+        return {**described, "compile": {"enabled": True, "fallback": self.fallback, "models": models,
+                                          **({"freeze_refusal": self.freeze_refusal} if self.freeze_refusal else {})}}
 
 
 BACKEND = InProcessBackend("native", NativeSession)

@@ -25,11 +25,27 @@ from specbench.decoding.eagle3 import AuxCapture
 
 BUCKETS = (1, 2, 4, 6, 9, 12, 16)  # verify k + 1 tokens: gamma 1..8 pad to 2, 4, 6 or 9; more tokens to a multiple of 8
 RECOMPILE_LIMIT = 64  # graphs per compiled function: buckets x models (torch's default, 8, would fall back to eager)
+FREEZE_SHARE = 0.5  # frozen CPU graphs (a prepacked copy of the weights per bucket) may take this share of free memory
 
 
 def bucket(tokens: int) -> int:
     """The padded length of a step of `tokens` new tokens."""
     return next((size for size in BUCKETS if size >= tokens), -(-tokens // 8) * 8)
+
+
+def freeze_refusal(weights: list[tuple[int, int]], available: int | None) -> str | None:
+    """Why the CPU graphs must not be frozen, or None: each frozen bucket keeps its own prepacked copy of its
+    model's weights, so `weights` [(weight bytes, buckets)] must fit in FREEZE_SHARE of the `available` memory
+    (unknown: frozen)."""
+    needed = sum(size * buckets for size, buckets in weights)
+    if available is None or needed <= FREEZE_SHARE * available:
+        return None
+    return (f"frozen graphs would hold {_size(needed)} (a copy of the weights per step bucket), more than "
+            f"{FREEZE_SHARE:.0%} of the {_size(available)} available: compiled without freezing")
+
+
+def _size(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
 def unsupported(model: torch.nn.Module) -> str | None:
@@ -51,7 +67,7 @@ class StaticModel:
     """A model, its static cache and its compiled step; one per model, reused by every request (`kv.CachedModel`)."""
 
     def __init__(self, model: torch.nn.Module, *, capacity: int, compile: bool = True, name: str | None = None,
-                 aux_layers: tuple[int, ...] = ()):
+                 aux_layers: tuple[int, ...] = (), freeze: bool = True):
         reason = unsupported(model)
         if reason is not None:
             raise ValueError(f"model '{name or kv.model_name(model)}' cannot use a static KV cache: {reason}")
@@ -63,7 +79,8 @@ class StaticModel:
         self.cache = StaticCache(config=model.config, max_cache_len=capacity)
         self._cache_argument = {kv.cache_keyword(type(model)): self.cache}  # resolved here, not while compiling
         self.graphs = compile and self.device.type == "cuda"  # CUDA graphs replay into the same output buffers
-        self.step = _compiled(self._step, graphs=self.graphs) if compile else self._step
+        self.frozen = compile and freeze and not self.graphs  # inductor's freezing: CPU graphs only
+        self.step = _compiled(self._step, graphs=self.graphs, freeze=self.frozen) if compile else self._step
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its warm-up (compilation, graph capture)
         self.compile_mb: dict[int, float | None] = {}  # bucket -> memory its graph holds afterwards (MiB)
         self._length = 0
@@ -150,12 +167,14 @@ class StaticModel:
             layer.cumulative_length.fill_(length)
 
 
-def _compiled(step, *, graphs: bool):
+def _compiled(step, *, graphs: bool, freeze: bool = True):
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     torch._dynamo.config.fail_on_recompile_limit_hit = True  # never fall back to eager silently
     if graphs:
         return torch.compile(step, mode="reduce-overhead", dynamic=False, fullgraph=True)
     compiled = torch.compile(step, dynamic=False, fullgraph=True)
+    if not freeze:
+        return compiled
 
     def frozen(*args):
         # On a CPU, freezing folds the weights into the graph as constants and prepacks them for the linear kernels:
