@@ -257,28 +257,50 @@ def test_compile_on_another_backend_is_refused_in_one_line(tmp_path, backend):
     assert not (tmp_path / "results").exists()
 
 
-def test_a_cpu_step_compiles_with_freezing_and_a_gpu_step_with_cuda_graphs(monkeypatch):
-    """Inductor reads `freezing` while it compiles, at the compiled function's first calls: it must be on then (a
-    4-token verify costs 1.1x a 1-token step frozen, 1.5x not, on this CPU); torch.compile's own `options` did not
-    apply it."""
+def test_a_cpu_verify_compiles_frozen_a_one_token_step_not_and_a_gpu_step_with_cuda_graphs(monkeypatch):
+    """Inductor reads `freezing` while it compiles, at the compiled function's first call per shape: it must be on
+    then for steps of 3 tokens or more (a 4-token verify costs 1.1x a 1-token step frozen, 1.5x not, on this CPU)
+    and off for 1 and 2 (~8 % faster unfrozen); torch.compile's own `options` did not apply it."""
     from specbench.decoding import static
 
     seen = []
 
     def fake_compile(step, **settings):
-        return lambda *args: seen.append((settings.get("mode"), torch._inductor.config.freezing))
+        return lambda input_ids: seen.append((settings.get("mode"), input_ids.shape[-1],
+                                              torch._inductor.config.freezing))
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    static._compiled(lambda x: x, graphs=False)(1)
-    static._compiled(lambda x: x, graphs=True)(1)
-    static._compiled(lambda x: x, graphs=False, freeze=False)(1)
-    assert seen == [(None, True), ("reduce-overhead", False), (None, False)]
-    assert torch._inductor.config.freezing is False  # only while the step runs
+    for tokens in (1, 2, 3, 4, 9):
+        static._compiled(lambda x: x, graphs=False)(torch.zeros((1, tokens)))
+    static._compiled(lambda x: x, graphs=True)(torch.zeros((1, 4)))
+    static._compiled(lambda x: x, graphs=False, freeze=False)(torch.zeros((1, 4)))
+    assert seen == [(None, 1, False), (None, 2, False), (None, 3, True), (None, 4, True), (None, 9, True),
+                    ("reduce-overhead", 4, False), (None, 4, False)]
+    assert torch._inductor.config.freezing is False  # only while the step compiles
+
+
+def test_a_frozen_graph_serves_only_its_own_models_weights():
+    """Freezing folds the weights into the graph as constants: two models of one architecture compiled in one
+    process (a target and a same-shaped draft) must each get their own logits at every bucket, frozen or not."""
+    target = tiny_llama()
+    draft = perturbed(target, scale=0.5)
+    statics = [StaticModel(model, capacity=CAPACITY) for model in (target, draft)]
+    for static in statics:
+        static.warm_up(range(1, 5))  # buckets 1 and 2 unfrozen, 4 frozen
+    ids = torch.tensor([PROMPT[:6]], device=DEVICE)
+    with torch.inference_mode():
+        for model, static in zip((target, draft), statics):
+            for tokens in (1, 2, 4):
+                static.begin(len(PROMPT), rolls_back=True)
+                static.prefill(ids[:, :2])
+                expected = model(input_ids=ids[:, : 2 + tokens]).logits[0, 2:]
+                torch.testing.assert_close(static.forward(ids[:, 2 : 2 + tokens]), expected, atol=1e-4, rtol=1e-4)
+    assert statics[0].frozen and statics[1].frozen
 
 
 def test_frozen_graphs_must_fit_in_half_the_free_memory():
     """Each frozen bucket keeps a prepacked copy of its model's weights (~550 MiB a bucket for 513 MiB measured):
-    a 7B fp32 target's five buckets (140 GB) would not fit a 64 GiB host, the embedded model's do."""
+    a 7B fp32 target's five verify buckets (140 GB) would not fit a 64 GiB host, the embedded model's do."""
     gib = 2**30
     assert freeze_refusal([(513 * 2**20, 3), (130 * 2**20, 2)], 20 * gib) is None
     assert freeze_refusal([(4 * gib, 5)], 40 * gib) is None  # 20 GiB: exactly half
@@ -294,7 +316,7 @@ def test_a_run_too_large_to_freeze_compiles_unfrozen_and_says_so(tmp_path, model
     from specbench.backends import native
 
     monkeypatch.chdir(tmp_path)
-    write_project(tmp_path, profile=tiny_profile(gamma=(2,), temperature=(0.0,), repeats=1),
+    write_project(tmp_path, profile=tiny_profile(gamma=(3,), temperature=(0.0,), repeats=1),
                   prompts=[("the cat sat on the mat and the dog ran fast", "chat")], models=models_dir)
     for free, kind in ((None, "frozen"), (1024, "unfrozen")):  # unknown free memory, then 1 KiB
         monkeypatch.setattr(native, "available_bytes", lambda device: free)
@@ -304,7 +326,7 @@ def test_a_run_too_large_to_freeze_compiles_unfrozen_and_says_so(tmp_path, model
         compiled = json.loads((tmp_path / kind / "manifest.json").read_text())["compile"]
         modes = {entry["mode"] for entry in compiled["models"].values()}
         if kind == "frozen":
-            assert modes == {"inductor, frozen"} and "freeze_refusal" not in compiled
+            assert modes == {"inductor, frozen from 3 tokens"} and "freeze_refusal" not in compiled
         else:
             assert modes == {"inductor"}
             assert re.fullmatch(r"frozen graphs would hold [\d.]+ MiB \(a copy of the weights per step bucket\), more "

@@ -25,6 +25,11 @@ from specbench.decoding.eagle3 import AuxCapture
 
 BUCKETS = (1, 2, 4, 6, 9, 12, 16)  # verify k + 1 tokens: gamma 1..8 pad to 2, 4, 6 or 9; more tokens to a multiple of 8
 RECOMPILE_LIMIT = 64  # graphs per compiled function: buckets x models (torch's default, 8, would fall back to eager)
+# On a CPU, steps of FREEZE_TOKENS or more tokens compile with inductor's freezing: the weights become prepacked
+# constants of the graph. Measured on the embedded model (2 cores, ms for 1, 2, 4, 6, 9 tokens): unfrozen 27.6, 27.3,
+# 41.0, 44.3, 52.5 (MKL streams the weights as fast for 2 rows as for 1, then takes a slower path); frozen 30.0, 30.2,
+# 33.3, 36.2, 41.4. So 1- and 2-token steps (the baseline, a draft model's steps) stay unfrozen, verifies freeze.
+FREEZE_TOKENS = 3
 FREEZE_SHARE = 0.5  # frozen CPU graphs (a prepacked copy of the weights per bucket) may take this share of free memory
 
 
@@ -33,10 +38,15 @@ def bucket(tokens: int) -> int:
     return next((size for size in BUCKETS if size >= tokens), -(-tokens // 8) * 8)
 
 
+def frozen_buckets(tokens: range) -> list[int]:
+    """The buckets of steps of `tokens` new tokens that a CPU compiles frozen."""
+    return sorted({bucket(t) for t in tokens if t >= FREEZE_TOKENS})
+
+
 def freeze_refusal(weights: list[tuple[int, int]], available: int | None) -> str | None:
     """Why the CPU graphs must not be frozen, or None: each frozen bucket keeps its own prepacked copy of its
-    model's weights, so `weights` [(weight bytes, buckets)] must fit in FREEZE_SHARE of the `available` memory
-    (unknown: frozen)."""
+    model's weights, so `weights` [(weight bytes, frozen buckets)] must fit in FREEZE_SHARE of the `available`
+    memory (unknown: frozen)."""
     needed = sum(size * buckets for size, buckets in weights)
     if available is None or needed <= FREEZE_SHARE * available:
         return None
@@ -79,7 +89,7 @@ class StaticModel:
         self.cache = StaticCache(config=model.config, max_cache_len=capacity)
         self._cache_argument = {kv.cache_keyword(type(model)): self.cache}  # resolved here, not while compiling
         self.graphs = compile and self.device.type == "cuda"  # CUDA graphs replay into the same output buffers
-        self.frozen = compile and freeze and not self.graphs  # inductor's freezing: CPU graphs only
+        self.frozen = compile and freeze and not self.graphs  # inductor's freezing: CPU graphs of verifies only
         self.step = _compiled(self._step, graphs=self.graphs, freeze=self.frozen) if compile else self._step
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its warm-up (compilation, graph capture)
         self.compile_mb: dict[int, float | None] = {}  # bucket -> memory its graph holds afterwards (MiB)
@@ -142,8 +152,8 @@ class StaticModel:
     def warm_up(self, tokens: range) -> None:
         """Compile (and on a GPU capture) the step of every bucket that `tokens` new tokens pad to, outside any
         timed region; each bucket's seconds go to compile_s, the memory it holds afterwards to compile_mb (on a CPU
-        each frozen graph keeps its own prepacked weights: ~550 MiB a bucket for SmolLM2-135M's 513 MiB, against
-        ~30 MiB unfrozen). Raises what compilation raises."""
+        each frozen graph (FREEZE_TOKENS) keeps its own prepacked weights: ~550 MiB a bucket for SmolLM2-135M's
+        513 MiB, against ~30 MiB unfrozen). Raises what compilation raises."""
         with torch.inference_mode():
             for size in sorted({bucket(t) for t in tokens} - set(self.compile_s)):
                 before = resident_bytes(self.device)
@@ -176,12 +186,13 @@ def _compiled(step, *, graphs: bool, freeze: bool = True):
     if not freeze:
         return compiled
 
-    def frozen(*args):
+    def frozen(input_ids: torch.Tensor):
         # On a CPU, freezing folds the weights into the graph as constants and prepacks them for the linear kernels:
-        # a verify of 4 tokens then costs 1.1x a 1-token step instead of 1.5x (SmolLM2-135M, 2 cores; the 1-token
-        # step ~4 % slower), which is what speculation buys here. Set while a graph compiles (inductor reads it then;
-        # torch.compile's `options` did not apply it). Each bucket's graph holds its own prepacked copy (compile_mb).
-        with torch._inductor.config.patch(freezing=True):
-            return compiled(*args)
+        # a verify of 4 tokens then costs 1.1x a 1-token step instead of 1.5x, while 1- and 2-token steps run ~8 %
+        # faster unfrozen (FREEZE_TOKENS). Set while a graph compiles (inductor reads it then; torch.compile's
+        # `options` did not apply it). A frozen graph is guarded on its model's weights (the others take them as
+        # inputs, so models of one architecture share them) and holds its own prepacked copy (compile_mb).
+        with torch._inductor.config.patch(freezing=input_ids.shape[-1] >= FREEZE_TOKENS):
+            return compiled(input_ids)
 
     return frozen
