@@ -170,3 +170,17 @@ def test_without_vllm_nothing_is_compared_with_it():
     summary = summarize(Measurement(**{**measurement.__dict__, "requests": requests}))
     assert summary.mismatches == () and not any("vLLM" in name for name, _ in summary.ratios)
     assert ("vllm", "baseline") not in summary.paths
+
+
+def test_a_skipped_cell_points_to_its_reason_under_the_table(capsys):
+    """A reason (torch's compile error, say) is long: the table says `skipped [n]`, the reason follows it once."""
+    measurement = _four_backends()
+    ngram = measurement.specs[1]
+    reason = "target failed to compile: " + "x" * 300
+    requests = measurement.requests[~((measurement.requests["backend"] == "compiled")
+                                      & (measurement.requests["point_id"] == ngram.point_id))]
+    render(summarize(Measurement(**{**measurement.__dict__, "requests": requests,
+                                    "skipped": {("compiled", ngram.point_id): reason}})))
+    out = capsys.readouterr().out
+    assert any(line.startswith("│ ngram    │ native compiled │") and "│ skipped [1] │" in line for line in out.splitlines())
+    assert f"[1] {reason}" in out.replace("\n", "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from specbench.bench.measure import PROMPTS
@@ -83,16 +84,21 @@ def _print_backends(console: Console, summary: BenchSummary) -> None:
     backends = m.backends
     table = _table("every backend side by side (speedup: over the same backend's baseline)",
                    ("method", "backend", "tok/s", "speedup", "tok/step"))
+    reasons: list[str] = []  # why a cell was skipped, once each, printed under the table (they can be long)
     for spec in m.specs:
         for backend in backends:
             cell = summary.paths.get((backend, spec.method))
             if cell is None:
-                table.add_row(spec.method, NAMES[backend], "-", f"skipped: {m.skipped.get((backend, spec.point_id), '-')}",
-                              "-")
+                reason = m.skipped.get((backend, spec.point_id), "not measured")
+                if reason not in reasons:
+                    reasons.append(reason)
+                table.add_row(spec.method, NAMES[backend], "-", f"skipped [{reasons.index(reason) + 1}]", "-")
             else:
                 table.add_row(spec.method, NAMES[backend], f"{cell.tokens_per_s:.2f}", _speedup(cell.speedup),
                               _number(cell.mean_accepted_length, ".2f"))
     console.print(table)
+    for number, reason in enumerate(reasons, 1):
+        console.print(f"[{number}] {escape(reason)}", highlight=False)
     for name, interval in summary.ratios:
         console.print(f"{name}: {_interval(interval)}")
     if m.compile is not None:

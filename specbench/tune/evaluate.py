@@ -120,6 +120,8 @@ class Replay:
         self.points = points[points["status"] == "ok"]
         self.requests = requests
         self.prompt_order = list(manifest.get("workload", {}).get("prompt_ids") or dict.fromkeys(requests["prompt_id"]))
+        # the target's forward pass at k = 1.. tokens, as the recorded run timed it (older recordings have none)
+        self.verify_ms_by_tokens = tuple(float(v) for v in manifest.get("verify_ms_by_tokens") or ())
 
     def baseline(self, temperature: float, top_p: float, *, concurrency: int | None = 1,
                  request_rate: float | None = None) -> tuple[PointSpec, pd.DataFrame]:
@@ -139,7 +141,9 @@ class Replay:
         return Outcome(rows, None, evaluated=True)
 
     def verify_costs(self, max_tokens: int) -> tuple[float, ...]:
-        return ()  # nothing to time: the warm start interpolates the recorded verify times
+        """The recording's timing of the target's forward pass where it reaches `max_tokens`, as a live tune
+        times it; else () and the warm start interpolates the recorded verify times."""
+        return self.verify_ms_by_tokens[:max_tokens] if len(self.verify_ms_by_tokens) >= max_tokens else ()
 
     def close(self) -> None:
         pass
