@@ -12,11 +12,11 @@ spans are re-cut at gamma' instead (stats.StepModel.at_gamma: the output and the
 every gamma). The step's cost
 is the draft time of the tokens drafted plus the time of verifying them and the bonus token, relative to
 the baseline's time per token; a request adds its prefill (TTFT: the target's and the draft's, the same
-at every gamma) to its decode steps. The verify time of k tokens is the baseline's one-token step times
-the ratio a timing of the target's forward pass at k = 1..g_max + 1 measured (specbench.decoding.costs: not
-linear in k on a CPU), weighted by how many tokens the draft proposed per step (n-grams often propose
-fewer than gamma, or none). Without that timing (a replay) it is interpolated linearly in gamma between
-the baseline's one-token step and the calibration's measured step.
+at every gamma) to its decode steps. The verify time at gamma' is the calibration point's measured verify time
+times the ratio of a timing of the target's forward pass (specbench.decoding.costs, at k = 1..g_max + 1: not
+linear in k on a CPU) at gamma' to the same at g_max, each weighted by how many tokens the draft proposed per step
+(n-grams often propose fewer than gamma, or none). Without that timing (a replay of an older recording) it is
+interpolated linearly in gamma between the baseline's one-token step and the calibration's measured step.
 """
 
 from __future__ import annotations
@@ -102,12 +102,17 @@ def predicted_speedup(calibration: Calibration, gamma: int) -> float:
 
 
 def verify_ms(calibration: Calibration, gamma: int) -> float:
-    """The expected time of one verification at speculation length gamma."""
+    """The expected time of one verification at speculation length gamma: the calibration point's measured
+    verification, scaled by how the timed forward pass grows from its tokens to gamma's. The curve gives the shape,
+    the point the level: in a speculative run a verification costs more than the curve's pass of as many tokens
+    (measured on the embedded model: 6 % more for n-gram, 15 % for the int8 self-draft, whose forward passes run
+    between the target's), which a level taken from the baseline's step missed at every gamma."""
     one = calibration.target_ms_per_token
     curve = calibration.verify_ms_by_tokens
-    if len(curve) < gamma + 1:  # not timed (a replay): linear between 1 and gamma_max + 1 tokens
+    if len(curve) < calibration.gamma + 1:  # not timed (a replay): linear between 1 and gamma_max + 1 tokens
         return one + (calibration.verify_ms_per_step - one) * gamma / calibration.gamma
-    return one * calibration.step_model(gamma).verify_ms(curve) / curve[0]
+    at_calibration = calibration.step_model().verify_ms(curve)
+    return calibration.verify_ms_per_step * calibration.step_model(gamma).verify_ms(curve) / at_calibration
 
 
 def _sum_lists(column: pd.Series, width: int) -> np.ndarray:

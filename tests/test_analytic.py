@@ -64,15 +64,17 @@ def test_the_warm_start_predicts_a_smaller_gamma_from_the_calibration_counts():
     baseline = rows(BASELINE, [trace([(0, 0)] * 49, draft_ms=0.0, verify_ms=10.0, ttft_ms=40.0, gamma=1)])
     calibration = calibrate(point, baseline, gamma=4, verify_ms_by_tokens=(10.0, 11.0, 11.5, 11.8, 12.0))
     assert calibration.step_model() == summary.predict(point, baseline).model
-    # gamma 2: half the steps draft 0 tokens (verify 1), half draft 2 (verify 3); 1 + 0.5 + 0.5 tokens per step
-    step_ms = 1.0 * 1.0 + 10.0 * (0.5 * 10.0 + 0.5 * 11.5) / 10.0
+    # gamma 2: half the steps draft 0 tokens (verify 1), half draft 2 (verify 3); 1 + 0.5 + 0.5 tokens per step;
+    # the verify cost is the point's measured 12 ms scaled by the curve from gamma 4's steps (1 or 5 tokens) to these
+    at_gamma_4 = 0.5 * 10.0 + 0.5 * 12.0
+    step_ms = 1.0 * 1.0 + 12.0 * (0.5 * 10.0 + 0.5 * 11.5) / at_gamma_4
     assert predicted_speedup(calibration, 2) == pytest.approx((40.0 + 50 * 10.0) / (50.0 + 50 * step_ms / 2.0))
     assert Calibration.from_dict(calibration.as_dict()) == calibration
     # greedy (temperature 0): the measured spans re-cut at gamma 2 (stats.StepModel.at_gamma), the same costs
     greedy = calibrate(point, baseline, gamma=4, verify_ms_by_tokens=(10.0, 11.0, 11.5, 11.8, 12.0), greedy=True)
     recut = calibration.step_model().at_gamma(2, greedy=True)
     assert greedy.step_model(2) == recut and recut.tokens_per_step() > calibration.step_model(2).tokens_per_step()
-    step_ms = 1.0 * recut.drafted_per_step() + 10.0 * recut.verify_ms((10.0, 11.0, 11.5)) / 10.0
+    step_ms = 1.0 * recut.drafted_per_step() + 12.0 * recut.verify_ms((10.0, 11.0, 11.5)) / at_gamma_4
     assert predicted_speedup(greedy, 2) == pytest.approx(
         (40.0 + 50 * 10.0) / (50.0 + 50 * step_ms / recut.tokens_per_step()))
     assert Calibration.from_dict(greedy.as_dict()) == greedy

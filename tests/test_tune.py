@@ -132,18 +132,22 @@ def test_the_warm_start_prediction_is_leviathan_with_geometric_acceptance():
 
 
 def test_the_warm_start_weights_the_timed_verify_cost_by_how_many_tokens_were_drafted():
-    """A timed cost curve replaces the linear interpolation: a step that drafted k tokens verifies k + 1."""
+    """A timed cost curve replaces the linear interpolation: a step that drafted k tokens verifies k + 1; the curve
+    gives how the cost grows with the tokens verified, the calibration point's measurement the level."""
     curve = (10.0, 20.0, 15.0, 12.0)  # ms for 1..4 tokens: not linear (a CPU's kernels)
     calibration = Calibration(gamma=3, accepted_per_step=(0.5, 0.25, 0.1), drafted_per_step=(0.5, 0.25, 0.25),
                               draft_ms_per_token=0.0, verify_ms_per_step=12.0, target_ms_per_token=8.0,
                               verify_ms_by_tokens=curve)
-    # gamma 2: half the steps draft nothing (1 token), a quarter one (2 tokens), a quarter two (3 tokens);
-    # costs relative to the curve's one-token pass, on the baseline's 8 ms step
-    assert verify_ms(calibration, 2) == pytest.approx(8.0 * (0.5 * 1.0 + 0.25 * 2.0 + 0.25 * 1.5))
+    # gamma 2: half the steps draft nothing (1 token), a quarter one (2 tokens), a quarter two (3 tokens); the
+    # calibration point's measured 12 ms scaled by the curve's cost of that over its cost of gamma 3's steps (a
+    # quarter drafted three: 4 tokens). Its own gamma restates its measurement.
+    at_gamma_3 = 0.5 * 10.0 + 0.25 * 20.0 + 0.25 * 12.0
+    assert verify_ms(calibration, 2) == pytest.approx(12.0 * (0.5 * 10.0 + 0.25 * 20.0 + 0.25 * 15.0) / at_gamma_3)
+    assert verify_ms(calibration, 3) == pytest.approx(12.0)
     assert predicted_speedup(calibration, 2) == pytest.approx((1 + 0.5 + 0.25) / (verify_ms(calibration, 2) / 8.0))
     # a model draft drafts gamma tokens every step: the cost of gamma + 1 tokens
     full = replace(calibration, drafted_per_step=(1.0, 1.0, 1.0))
-    assert [verify_ms(full, g) for g in (1, 2, 3)] == pytest.approx([16.0, 12.0, 9.6])
+    assert [verify_ms(full, g) for g in (1, 2, 3)] == pytest.approx([20.0, 15.0, 12.0])
     # untimed (a replay): linear between the one-token step and the calibration's measured step
     untimed = replace(calibration, verify_ms_by_tokens=())
     assert verify_ms(untimed, 2) == pytest.approx(8.0 + (12.0 - 8.0) * 2 / 3)

@@ -26,7 +26,7 @@ def verify_costs_ms(model: torch.nn.Module | kv.CachedModel, *, max_tokens: int,
         raise ValueError("max_tokens, context_tokens and repeats must be >= 1")
     cached = kv.as_cached(model)
     device = next(cached.model.parameters()).device
-    vocab = cached.model.get_output_embeddings().weight.shape[0]
+    vocab = cached.model.get_input_embeddings().weight.shape[0]  # the output one may be int8-packed (a method)
     generator = torch.Generator().manual_seed(seed)
     context = torch.randint(0, vocab, (1, context_tokens), generator=generator).to(device)
     new = torch.randint(0, vocab, (1, max_tokens), generator=generator).to(device)
