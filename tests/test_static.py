@@ -324,11 +324,46 @@ def test_a_run_too_large_to_freeze_compiles_unfrozen_and_says_so(tmp_path, model
         assert result.exit_code == 0, result.output
         assert (pd.read_parquet(tmp_path / kind / "points.parquet")["kv_cache"] == "static").all()
         compiled = json.loads((tmp_path / kind / "manifest.json").read_text())["compile"]
-        modes = {entry["mode"] for entry in compiled["models"].values()}
-        if kind == "frozen":
-            assert modes == {"inductor, frozen from 3 tokens"} and "freeze_refusal" not in compiled
+        modes = {role: entry["mode"] for role, entry in compiled["models"].items()}
+        if kind == "frozen":  # gamma 3 verifies 4 tokens; the draft's 1- and 2-token steps never freeze
+            assert modes == {"target": "inductor, frozen at 4 tokens", "draft close": "inductor"}
+            assert "freeze_refusal" not in compiled
         else:
-            assert modes == {"inductor"}
+            assert modes == {"target": "inductor", "draft close": "inductor"}
             assert re.fullmatch(r"frozen graphs would hold [\d.]+ MiB \(a copy of the weights per step bucket\), more "
                                 r"than 50% of the 0\.0 MiB available: compiled without freezing",
                                 compiled["freeze_refusal"])
+
+
+def test_a_compiled_verify_curve_times_each_graph_once_per_width_it_serves_and_compiles_nothing():
+    """k = 1..6 run four graphs (1, 2, 4, 6): 3 and 4 share one, 5 and 6 another. Each graph is timed at its widest
+    width, twice as often where it serves two widths, and every width it serves reads its median."""
+    from specbench.decoding.costs import verify_costs_ms
+
+    static_target = StaticModel(perturbed(tiny_llama(), scale=0.1, seed=3), capacity=CAPACITY)  # its own graphs
+    static_target.warm_up(range(1, 7))
+    widths: list[int] = []
+    forward = static_target.forward
+    static_target.forward = lambda input_ids, **kw: widths.append(input_ids.shape[1]) or forward(input_ids, **kw)
+    graphs = counters["stats"]["unique_graphs"]
+    try:
+        costs = verify_costs_ms(static_target, max_tokens=6, context_tokens=8, repeats=3)
+    finally:
+        del static_target.forward
+    # the timing feeds the graphs the warm-up compiled (a tensor made outside inference mode recompiled them all)
+    assert counters["stats"]["unique_graphs"] == graphs, "timing the curve compiled new graphs"
+    assert sorted(set(widths)) == [1, 2, 4, 6]
+    assert {k: widths.count(k) for k in (1, 2, 4, 6)} == {1: 1 + 3, 2: 1 + 3, 4: 1 + 6, 6: 1 + 6}  # warm-up + timed
+    assert costs[2] == costs[3] and costs[4] == costs[5] and len(costs) == 6
+
+
+def test_a_step_fed_a_tensor_made_outside_inference_mode_compiles_nothing_new():
+    static_target = StaticModel(perturbed(tiny_llama(), scale=0.1, seed=4), capacity=CAPACITY)
+    static_target.warm_up(range(1, 3))
+    graphs = counters["stats"]["unique_graphs"]
+    ids = torch.tensor([PROMPT[:4]], device=DEVICE)  # a normal tensor, one bucket wide: passed through unpadded
+    with torch.inference_mode():
+        static_target.begin(len(PROMPT), rolls_back=True)
+        static_target.prefill(ids[:, :2])
+        static_target.forward(ids[:, :2])
+    assert counters["stats"]["unique_graphs"] == graphs

@@ -10,7 +10,7 @@ import torch
 from specbench.backends.inprocess import GenerateOne, InProcessBackend, InProcessSession, LoadedModels
 from specbench.decoding import BaselineProposer, DraftModelProposer, Eagle3Proposer, NgramProposer, Proposer, generate
 from specbench.decoding.costs import verify_costs_ms
-from specbench.decoding.static import BUCKETS, FREEZE_TOKENS, StaticModel, freeze_refusal, frozen_buckets
+from specbench.decoding.static import BUCKETS, StaticModel, buckets_to_freeze, freeze_refusal
 from specbench.devices import available_bytes
 from specbench.errors import one_line
 from specbench.models import LoadedModel, weight_bytes
@@ -64,7 +64,7 @@ class NativeSession(InProcessSession):
         needs = [(draft.model, f"draft {spec.name}", DRAFT_STEP_TOKENS) for spec in m.profile.drafts
                  if spec.method == "draft" and isinstance(draft := m.drafts.get(spec.name), LoadedModel)]
         needs.append((m.target.model, "target", max_gamma + 1))
-        distinct = {id(model): (weight_bytes(model), len(frozen_buckets(range(1, tokens + 1))))
+        distinct = {id(model): (weight_bytes(model), len(buckets_to_freeze(range(1, tokens + 1))))
                     for model, _, tokens in needs}
         if m.device.type == "cpu":  # CUDA graphs are not frozen
             self.freeze_refusal = freeze_refusal(list(distinct.values()), available_bytes(m.device))
@@ -153,11 +153,14 @@ class NativeSession(InProcessSession):
                          "compile_s_by_step_tokens": {str(k): v for k, v in sorted(static.compile_s.items())},
                          "compile_mb": (sum(static.compile_mb.values()) if None not in static.compile_mb.values()
                                         else None),
-                         "mode": ("cuda graphs" if static.graphs else
-                                  f"inductor, frozen from {FREEZE_TOKENS} tokens" if static.frozen else "inductor")}
+                         "mode": "cuda graphs" if static.graphs else _inductor_mode(static.frozen_buckets)}
                   for role, model in roles if (static := self.static.get(id(model))) is not None}
         return {**described, "compile": {"enabled": True, "fallback": self.fallback, "models": models,
                                           **({"freeze_refusal": self.freeze_refusal} if self.freeze_refusal else {})}}
+
+
+def _inductor_mode(frozen: list[int]) -> str:
+    return f"inductor, frozen at {', '.join(map(str, frozen))} tokens" if frozen else "inductor"
 
 
 BACKEND = InProcessBackend("native", NativeSession)

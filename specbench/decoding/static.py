@@ -38,7 +38,7 @@ def bucket(tokens: int) -> int:
     return next((size for size in BUCKETS if size >= tokens), -(-tokens // 8) * 8)
 
 
-def frozen_buckets(tokens: range) -> list[int]:
+def buckets_to_freeze(tokens: range) -> list[int]:
     """The buckets of steps of `tokens` new tokens that a CPU compiles frozen."""
     return sorted({bucket(t) for t in tokens if t >= FREEZE_TOKENS})
 
@@ -120,6 +120,10 @@ class StaticModel:
                              f"{self._length} cached + {padded} new positions; build it with a larger capacity")
         if padded > tokens:  # any id will do: the padding positions' outputs are dropped and their keys masked
             input_ids = torch.cat([input_ids, input_ids.new_zeros((1, padded - tokens))], dim=1)
+        elif not input_ids.is_inference() or input_ids.stride() != (tokens, 1):
+            # the graphs were compiled for fresh inference tensors (warm_up, the decoder); a normal tensor or a
+            # column slice of a wider one fails their guards and compiles the bucket again (~30 s, its own copy)
+            input_ids = input_ids.clone(memory_format=torch.contiguous_format)
         self._seek(self._length)
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -148,6 +152,11 @@ class StaticModel:
             raise RuntimeError(f"model '{self.name}' keeps no auxiliary states yet (built without aux_layers, or "
                                "no forward pass since)")
         return self._aux
+
+    @property
+    def frozen_buckets(self) -> list[int]:
+        """The compiled buckets whose graphs are frozen (CPU steps of FREEZE_TOKENS or more)."""
+        return sorted(size for size in self.compile_s if self.frozen and size >= FREEZE_TOKENS)
 
     def warm_up(self, tokens: range) -> None:
         """Compile (and on a GPU capture) the step of every bucket that `tokens` new tokens pad to, outside any
