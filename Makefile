@@ -77,7 +77,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q $(ARGS)
 
 # native eager, native compiled (static caches, torch.compile), HF generate, and vLLM's CPU build where installed
-# (make engine-vllm): the baseline, n-gram and the int8 self-draft at gamma 3 on the same prompts (~20 min here)
+# (make engine-vllm): the baseline, n-gram and the int8 self-draft at gamma 3 on the same prompts (~10 min here)
 bench: $(STAMP)
 	$(BIN)/python -m specbench.bench $(ARGS)
 

@@ -111,13 +111,8 @@ def available_bytes(device: torch.device) -> int | None:
     """Memory a process can still take: free CUDA memory, else the host's MemAvailable (None where unknown)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    available_kb = _status_kb("MemAvailable", Path("/proc/meminfo"))
+    return None if available_kb is None else available_kb * 1024
 
 
 def _reset_peak_rss() -> None:
@@ -127,9 +122,10 @@ def _reset_peak_rss() -> None:
         pass
 
 
-def _status_kb(key: str) -> int | None:
+def _status_kb(key: str, path: Path = Path("/proc/self/status")) -> int | None:
+    """A "Key:  N kB" line of a /proc file (the process's status by default), in kB."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in path.read_text().splitlines():
             if line.startswith(key + ":"):
                 return int(line.split()[1])
     except OSError:

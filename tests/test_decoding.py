@@ -3,6 +3,7 @@ sliding-window caches it cannot roll back)."""
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -255,5 +256,11 @@ def test_verify_costs_time_every_token_count_and_leave_no_cache_behind(target):
 
     costs = verify_costs_ms(target, max_tokens=5, context_tokens=12, repeats=2)
     assert len(costs) == 5 and all(cost > 0 for cost in costs)
+    # an int8 dynamically quantised model (the quickstart's self-draft): its lm_head's weight is a method
+    from specbench.models.load import quantize_int8
+
+    int8 = quantize_int8(copy.deepcopy(target))
+    assert callable(int8.get_output_embeddings().weight)
+    assert len(verify_costs_ms(int8, max_tokens=3, context_tokens=12, repeats=1)) == 3
     with pytest.raises(ValueError, match="must be >= 1"):
         verify_costs_ms(target, max_tokens=0, context_tokens=12)

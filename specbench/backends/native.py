@@ -64,9 +64,9 @@ class NativeSession(InProcessSession):
         needs = [(draft.model, f"draft {spec.name}", DRAFT_STEP_TOKENS) for spec in m.profile.drafts
                  if spec.method == "draft" and isinstance(draft := m.drafts.get(spec.name), LoadedModel)]
         needs.append((m.target.model, "target", max_gamma + 1))
-        distinct = {id(model): (weight_bytes(model), len(buckets_to_freeze(range(1, tokens + 1))))
-                    for model, _, tokens in needs}
         if m.device.type == "cpu":  # CUDA graphs are not frozen
+            distinct = {id(model): (weight_bytes(model), len(buckets_to_freeze(range(1, tokens + 1))))
+                        for model, _, tokens in needs}
             self.freeze_refusal = freeze_refusal(list(distinct.values()), available_bytes(m.device))
         for model, role, tokens in needs:
             if id(model) in self.static:

@@ -15,6 +15,8 @@ them beside the logits, and `latest()` gives the head the states of the latest f
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
@@ -38,8 +40,8 @@ def bucket(tokens: int) -> int:
     return next((size for size in BUCKETS if size >= tokens), -(-tokens // 8) * 8)
 
 
-def buckets_to_freeze(tokens: range) -> list[int]:
-    """The buckets of steps of `tokens` new tokens that a CPU compiles frozen."""
+def buckets_to_freeze(tokens: Iterable[int]) -> list[int]:
+    """The buckets of steps of `tokens` new tokens (or of buckets) that a CPU compiles frozen."""
     return sorted({bucket(t) for t in tokens if t >= FREEZE_TOKENS})
 
 
@@ -156,7 +158,7 @@ class StaticModel:
     @property
     def frozen_buckets(self) -> list[int]:
         """The compiled buckets whose graphs are frozen (CPU steps of FREEZE_TOKENS or more)."""
-        return sorted(size for size in self.compile_s if self.frozen and size >= FREEZE_TOKENS)
+        return buckets_to_freeze(self.compile_s) if self.frozen else []
 
     def warm_up(self, tokens: range) -> None:
         """Compile (and on a GPU capture) the step of every bucket that `tokens` new tokens pad to, outside any
