@@ -1,4 +1,7 @@
+import os
 import sys
+import tomllib
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -6,14 +9,89 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests import the `tiny` helpers
 
-from tiny import write_model_pair  # noqa: E402 - after the path is set
+from installed_engines import missing_engine  # noqa: E402 - after the path is set
+from tiny import write_model_pair  # noqa: E402
 
 # Tiny models gain nothing from threads, and OpenMP spin-waits make them crawl when another process
 # shares the two cores. Tests on the real model raise this where they need it.
 torch.set_num_threads(1)
+
+BUDGET = Path(__file__).parent / "budget.toml"
+ENGINE_MARKERS = {"llama_cpp", "vllm", "engine"}  # tests that run a real serving engine
+SLOWEST_SHOWN = 15
 
 
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> Path:
     """The tiny target and its near-copy draft (tests/tiny.py), written once for the session."""
     return write_model_pair(tmp_path_factory.mktemp("models"))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        reason = missing_engine({mark.name for mark in item.iter_markers()})
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# --- what the suite costs: the slowest tests, and the real-engine tests against tests/budget.toml ---------------
+
+_seconds: dict[str, float] = defaultdict(float)  # test id -> setup + call + teardown
+_engine_tests: set[str] = set()
+
+
+def pytest_runtest_logreport(report):
+    _seconds[report.nodeid] += report.duration
+    if report.when == "call" and ENGINE_MARKERS & set(report.keywords) and not report.skipped:
+        _engine_tests.add(report.nodeid)
+
+
+def machine_budget(cpu_model: str, budget: dict) -> dict:
+    """The budget of the first [[machine]] whose `match` is in the processor's name; else the last (the slowest)."""
+    for machine in budget["machine"]:
+        if machine["match"] in cpu_model:
+            return machine
+    return budget["machine"][-1]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown processor"
+
+
+def _over_budget() -> list[str]:
+    budget = machine_budget(cpu_model(), tomllib.loads(BUDGET.read_text()))
+    engine_s = sum(_seconds[test] for test in _engine_tests)
+    spent = {"engine_tests_s": engine_s, "suite_s": sum(_seconds.values())}
+    return [f"{key} {spent[key]:.0f} s > {budget[key]} s ({budget['match']}, {BUDGET.name})"
+            for key in ("engine_tests_s", "suite_s") if spent[key] > budget[key]]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("SPECBENCH_TEST_BUDGET") == "off" or not _seconds:
+        return
+    session.config._budget_exceeded = _over_budget()
+    if session.config._budget_exceeded and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _seconds:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section(f"slowest {SLOWEST_SHOWN} tests (setup + call + teardown)")
+    for test, seconds in sorted(_seconds.items(), key=lambda item: -item[1])[:SLOWEST_SHOWN]:
+        write(f"{seconds:8.1f} s  {'[engine] ' if test in _engine_tests else ''}{test}")
+    budget = machine_budget(cpu_model(), tomllib.loads(BUDGET.read_text()))
+    engine_s = sum(_seconds[test] for test in _engine_tests)
+    write(f"real-engine tests: {len(_engine_tests)}, {engine_s:.0f} s of {budget['engine_tests_s']} s; "
+          f"all tests {sum(_seconds.values()):.0f} s of {budget['suite_s']} s "
+          f"({cpu_model()}: budget '{budget['match']}' in tests/{BUDGET.name})")
+    for line in getattr(config, "_budget_exceeded", []):
+        terminalreporter.write_line(f"over budget: {line}", red=True)

@@ -16,7 +16,7 @@ from specbench.bench.server import (LATENCY_GROWTH_LIMIT, MODEL, RateLevel, benc
 from specbench.profile import profile_from_dict
 from specbench.results import PointSpec
 from test_load import rate_rows
-from test_server import LLAMA_SERVER
+from installed_engines import LLAMA_SERVER, needs_llama_server
 
 SATURATED = "server saturated: the achieved rate is not judged"
 
@@ -126,7 +126,7 @@ def test_the_bench_profile_sends_the_asked_requests_per_rate(tmp_path):
     assert profile.sweep.request_rate == (0.3, 1.5)
 
 
-@pytest.mark.skipif(not os.access(LLAMA_SERVER, os.X_OK), reason=f"no llama-server at {LLAMA_SERVER} (make engines)")
+@needs_llama_server
 def test_on_a_real_server_the_latency_grows_only_at_a_rate_it_cannot_keep_up_with(tmp_path):
     # one prompt, 8 tokens: a request alone takes 0.2-0.4 s here (one thread), so 1 request/s queues nothing and
     # 30 requests/s (all 8 sent within ~0.3 s) make the last 4 wait for the server's 4 slots

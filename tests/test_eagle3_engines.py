@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_server import LLAMA_SERVER, processes_running
+from installed_engines import LLAMA_SERVER, processes_running
 from test_server_vllm import VLLM_PYTHON, needs_vllm, vllm_server
 
 from specbench.backends.server.heads import find_converter, to_gguf
@@ -42,6 +42,7 @@ def _converter() -> Path | None:
 
 
 CONVERTER = _converter() if LLAMA_SERVER.exists() else None
+pytestmark = pytest.mark.engine  # the module's fixture runs every engine installed here
 needs_llama = pytest.mark.skipif(CONVERTER is None, reason=f"no llama-server at {LLAMA_SERVER}, or no llama.cpp "
                                                           "converter above it (make engine-llama.cpp)")
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from installed_engines import LLAMA_SERVER, needs_llama_server
 from specbench.backends.server.metrics import spec_counters
 from specbench.engines import ENGINES, EngineError, Speculation, check_schedule, parse_schedule, schedule_text
 
-LLAMA_SERVER = Path(os.environ.get("SPECBENCH_LLAMA_SERVER", Path(__file__).parents[1] / ".engines" / "llama-server"))
 
 
 def test_vllm_speculative_config():
@@ -91,8 +91,11 @@ def test_llama_cpp_flags_follow_the_binarys_help():
         "-md", "d.gguf", "--draft-max", "3", "--draft-min", "0"]
     with pytest.raises(EngineError, match="predates --spec-type"):
         llama.speculation_args(Speculation("ngram", 3, ngram_min=1, ngram_max=3), help_text=old_help)
-    if not os.access(LLAMA_SERVER, os.X_OK):
-        pytest.skip(f"no llama-server at {LLAMA_SERVER} (make engines builds it)")
+
+
+@needs_llama_server
+def test_llama_cpp_flags_are_the_real_binarys():
+    llama = ENGINES["llama.cpp"]
     env = {**os.environ, "LD_LIBRARY_PATH": str(LLAMA_SERVER.resolve().parent)}
     real_help = subprocess.run([str(LLAMA_SERVER), "--help"], capture_output=True, text=True, env=env).stdout
     args = llama.speculation_args(Speculation("ngram", 4, ngram_min=1, ngram_max=3), help_text=real_help)

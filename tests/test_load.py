@@ -22,7 +22,8 @@ from specbench.cli import app
 from specbench.profile import dump_profile, load_profile, profile_from_dict
 from specbench.results import PointSpec, point_id
 from specbench.workloads import load_prompts
-from test_server import LLAMA_SERVER, PROFILE
+from installed_engines import LLAMA_SERVER, needs_llama_server
+from test_server import PROFILE
 
 RATE_PROFILE = (PROFILE.split("[[drafts]]")[0]
                 + '[[drafts]]\nname = "ngram"\nmethod = "ngram"\nngram_max = 3\n'
@@ -118,7 +119,7 @@ def test_in_process_backends_refuse_a_rate_and_load_and_slo_round_trip(tmp_path,
     assert load_profile(tmp_path / "again.toml") == profile
 
 
-@pytest.mark.skipif(not os.access(LLAMA_SERVER, os.X_OK), reason=f"no llama-server at {LLAMA_SERVER} (make engines)")
+@needs_llama_server
 def test_a_rate_sweep_on_a_real_server_sends_on_schedule_and_reports_goodput(tmp_path):
     (tmp_path / "rate.toml").write_text(RATE_PROFILE)
     result = subprocess.run([sys.executable, "-m", "specbench.cli", "run", "rate.toml", "--out", "out"], cwd=tmp_path,

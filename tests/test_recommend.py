@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from installed_engines import LLAMA_SERVER, needs_llama_server
 from specbench.engines import ENGINES, Speculation
 from specbench.models import builtin_gguf_path
 from specbench.tune.recommend import engine_settings, read_help
 
 TARGET, DRAFT = "builtin:qwen2.5-coder-1.5b-instruct", "builtin:qwen2.5-coder-0.5b-instruct"
-LLAMA_SERVER = Path(os.environ.get("SPECBENCH_LLAMA_SERVER", Path(__file__).parents[1] / ".engines" / "llama-server"))
 
 
 def test_a_builtin_draft_is_its_hub_repository_for_vllm_and_transformers_and_its_gguf_for_llama_cpp():
@@ -80,7 +80,7 @@ def test_a_speculation_the_engine_refuses_is_an_error_not_flags():
     assert "error" not in settings["vllm"]
 
 
-@pytest.mark.skipif(not os.access(LLAMA_SERVER, os.X_OK), reason=f"no llama-server at {LLAMA_SERVER} (make engines)")
+@needs_llama_server
 @pytest.mark.parametrize("row", [
     {"method": "ngram", "gamma": 4, "ngram_min": 1, "ngram_max": 3, "draft_model": None},
     {"method": "draft", "gamma": 5, "draft_model": DRAFT},

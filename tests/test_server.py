@@ -18,12 +18,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from installed_engines import LLAMA_SERVER, needs_llama_server, processes_running
 from specbench.cli import app
 
-ROOT = Path(__file__).parents[1]
-LLAMA_SERVER = Path(os.environ.get("SPECBENCH_LLAMA_SERVER", ROOT / ".engines" / "llama-server"))
-pytestmark = pytest.mark.skipif(not os.access(LLAMA_SERVER, os.X_OK),
-                                reason=f"no llama-server at {LLAMA_SERVER} (make engines builds it)")
+pytestmark = needs_llama_server
 
 PROFILE = f"""
 name = "llama-tiny"
@@ -54,19 +52,6 @@ max_new_tokens = 24
 repeats = 1
 warmup = 1
 """
-
-
-def processes_running(marker: bytes) -> set[int]:
-    """The pids of processes (other than this one) whose executable path, as started, contains `marker`."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if marker in (entry / "cmdline").read_bytes().split(b"\0")[0]:
-                    pids.add(int(entry.name))
-            except OSError:
-                continue
-    return pids
 
 
 def server_pids() -> set[int]:

@@ -26,10 +26,10 @@ from specbench.backends.server.process import start_time
 from specbench.cli import app
 from specbench.models import resolve_model
 from specbench.profile import profile_from_dict
-from test_server import LLAMA_SERVER, server_pids
+from installed_engines import LLAMA_SERVER, needs_llama_server
+from test_server import server_pids
 
-pytestmark = pytest.mark.skipif(not os.access(LLAMA_SERVER, os.X_OK),
-                                reason=f"no llama-server at {LLAMA_SERVER} (make engines builds it)")
+pytestmark = needs_llama_server
 
 PROFILE = f"""
 name = "faults"

@@ -18,13 +18,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.models import hf_folder
-from test_server import processes_running
-
-ROOT = Path(__file__).parents[1]
-VLLM_PYTHON = Path(os.environ.get("SPECBENCH_VLLM_PYTHON", ROOT / ".engines" / "vllm" / "bin" / "python"))
-needs_vllm = pytest.mark.skipif(not os.access(VLLM_PYTHON, os.X_OK),
-                                reason=f"no vLLM at {VLLM_PYTHON} (make engine-vllm installs it)")
-
+from installed_engines import VLLM_PYTHON, needs_vllm, processes_running
 
 
 def vllm_server(*, max_num_seqs: int = 4) -> str:

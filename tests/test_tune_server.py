@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.tune.space import Config, DraftChoice, SearchSpace
 from specbench.tune.warmstart import unavailable_with
-from test_server import LLAMA_SERVER
+from installed_engines import LLAMA_SERVER, needs_llama_server
 from test_server import PROFILE as SERVER_PROFILE
 from test_tune_propose import small_grid
 
@@ -71,7 +71,7 @@ def test_a_llama_cpp_space_leaves_out_ngrams_longer_than_gamma():
     assert len(SearchSpace((ngram,), gamma_low=1, gamma_high=3, engine="vllm").configs()) == 12
 
 
-@pytest.mark.skipif(not os.access(LLAMA_SERVER, os.X_OK), reason=f"no llama-server at {LLAMA_SERVER} (make engines)")
+@needs_llama_server
 def test_tune_on_a_llama_cpp_server(tmp_path):
     (tmp_path / "llama.toml").write_text(PROFILE)
     result = subprocess.run([sys.executable, "-m", "specbench.cli", "tune", "llama.toml", "--trials", "3",
