@@ -12,6 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests import the `tiny` helper
 from installed_engines import missing_engine  # noqa: E402 - after the path is set
 from tiny import write_model_pair  # noqa: E402
 
+from specbench.devices import device_name  # noqa: E402
+
 # Tiny models gain nothing from threads, and OpenMP spin-waits make them crawl when another process
 # shares the two cores. Tests on the real model raise this where they need it.
 torch.set_num_threads(1)
@@ -19,6 +21,7 @@ torch.set_num_threads(1)
 BUDGET = Path(__file__).parent / "budget.toml"
 ENGINE_MARKERS = {"llama_cpp", "vllm", "engine"}  # tests that run a real serving engine
 SLOWEST_SHOWN = 15
+CPU = device_name(torch.device("cpu"))
 
 
 @pytest.fixture(scope="session")
@@ -54,29 +57,22 @@ def machine_budget(cpu_model: str, budget: dict) -> dict:
     return budget["machine"][-1]
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown processor"
+def over_budget(spent: dict[str, float], machine: dict) -> list[str]:
+    """One line per budget `spent` passes: which, by how much, and whose budget it was."""
+    return [f"{key} {spent[key]:.0f} s > {machine[key]} s ({machine['match']}, {BUDGET.name})"
+            for key in ("engine_tests_s", "suite_s") if spent[key] > machine[key]]
 
 
-def _over_budget() -> list[str]:
-    budget = machine_budget(cpu_model(), tomllib.loads(BUDGET.read_text()))
-    engine_s = sum(_seconds[test] for test in _engine_tests)
-    spent = {"engine_tests_s": engine_s, "suite_s": sum(_seconds.values())}
-    return [f"{key} {spent[key]:.0f} s > {budget[key]} s ({budget['match']}, {BUDGET.name})"
-            for key in ("engine_tests_s", "suite_s") if spent[key] > budget[key]]
+def _spent_and_budget() -> tuple[dict[str, float], dict]:
+    spent = {"engine_tests_s": sum(_seconds[test] for test in _engine_tests), "suite_s": sum(_seconds.values())}
+    return spent, machine_budget(CPU, tomllib.loads(BUDGET.read_text()))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     if os.environ.get("SPECBENCH_TEST_BUDGET") == "off" or not _seconds:
         return
-    session.config._budget_exceeded = _over_budget()
+    session.config._budget_exceeded = over_budget(*_spent_and_budget())
     if session.config._budget_exceeded and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -88,10 +84,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.section(f"slowest {SLOWEST_SHOWN} tests (setup + call + teardown)")
     for test, seconds in sorted(_seconds.items(), key=lambda item: -item[1])[:SLOWEST_SHOWN]:
         write(f"{seconds:8.1f} s  {'[engine] ' if test in _engine_tests else ''}{test}")
-    budget = machine_budget(cpu_model(), tomllib.loads(BUDGET.read_text()))
-    engine_s = sum(_seconds[test] for test in _engine_tests)
-    write(f"real-engine tests: {len(_engine_tests)}, {engine_s:.0f} s of {budget['engine_tests_s']} s; "
-          f"all tests {sum(_seconds.values()):.0f} s of {budget['suite_s']} s "
-          f"({cpu_model()}: budget '{budget['match']}' in tests/{BUDGET.name})")
+    spent, machine = _spent_and_budget()
+    write(f"real-engine tests: {len(_engine_tests)}, {spent['engine_tests_s']:.0f} s of {machine['engine_tests_s']} s; "
+          f"all tests {spent['suite_s']:.0f} s of {machine['suite_s']} s "
+          f"({CPU}: budget '{machine['match']}' in tests/{BUDGET.name})")
     for line in getattr(config, "_budget_exceeded", []):
         terminalreporter.write_line(f"over budget: {line}", red=True)
