@@ -2,7 +2,7 @@
 
 import tomllib
 
-from conftest import BUDGET, machine_budget, over_budget
+from conftest import BUDGET, ledger_totals, machine_budget, over_budget, spent
 
 BUDGETS = tomllib.loads(BUDGET.read_text())
 
@@ -18,3 +18,13 @@ def test_only_a_budget_passed_is_reported():
     assert over_budget({"engine_tests_s": 100.0, "suite_s": 299.0}, machine) == []
     assert over_budget({"engine_tests_s": 101.0, "suite_s": 299.0}, machine) == [
         "engine_tests_s 101 s > 100 s (Intel, budget.toml)"]
+
+
+def test_the_ledger_adds_up_the_invocations_of_one_suite(tmp_path):
+    ledger = tmp_path / "ledger"
+    first = ledger_totals({"a": 10.0, "b": 5.0}, set(), ledger)
+    assert first == ({"a": 10.0, "b": 5.0}, set())
+    seconds, engine_tests = ledger_totals({"c": 100.0}, {"c"}, ledger)
+    assert seconds == {"a": 10.0, "b": 5.0, "c": 100.0} and engine_tests == {"c"}
+    assert spent(seconds, engine_tests) == {"engine_tests_s": 100.0, "suite_s": 115.0}
+    assert ledger_totals({"a": 1.0}, set(), None) == ({"a": 1.0}, set())  # no ledger: this invocation alone

@@ -13,11 +13,14 @@ and vLLM both accept [72, 5, 0]. So: llama.cpp equals native within one token pe
 between native's counts and native's plus one per position for each request that ended at its length limit.
 
 llama-server runs the target as an f32 GGUF converted here from the same safetensors folder native and vLLM load
-(the embedded Q4_1 file would be a different model's numerics). Skipped where an engine is not installed."""
+(the embedded Q4_1 file would be a different model's numerics), and is given the head folder the native run used:
+`trained:quick` for that GGUF would name a head distilled for another file (a head is keyed by its target's
+identity), minutes of training for the same weights. Skipped where an engine is not installed."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +53,7 @@ COMMON = """
 [[drafts]]
 name = "eagle3"
 method = "eagle3"
-model = "trained:quick"
+model = "{head}"
 [sweep]
 gamma = [3]
 temperature = [0.0]
@@ -90,8 +93,8 @@ model = "{target}"
 }
 
 
-def _run(folder: Path, name: str, text: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    (folder / f"{name}.toml").write_text(text + COMMON)
+def _run(folder: Path, name: str, text: str, head: str = "trained:quick") -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    (folder / f"{name}.toml").write_text(text + COMMON.format(head=head))
     result = subprocess.run([sys.executable, "-m", "specbench.cli", "run", f"{name}.toml", "--out", name], cwd=folder,
                             capture_output=True, text=True, timeout=2400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -108,8 +111,10 @@ def runs(tmp_path_factory):
     if VLLM_PYTHON.exists():
         done["vllm"] = _run(folder, "vllm", PROFILES["vllm"])
     if CONVERTER is not None:
+        head = re.search(r"(?:cached|trained) head (\S+): held-out", " ".join(done["native"][2].split())).group(1)
         target = to_gguf(hf_folder(TARGET), folder / "target-f32.gguf", converter=CONVERTER)
-        done["llama.cpp"] = _run(folder, "llama", PROFILES["llama.cpp"].format(binary=LLAMA_SERVER, target=target))
+        done["llama.cpp"] = _run(folder, "llama", PROFILES["llama.cpp"].format(binary=LLAMA_SERVER, target=target),
+                                 head=head)
     after = processes_running(b"vllm") | processes_running(b"llama-server")
     print(json.dumps({name: _positions(points) for name, (points, _, _) in done.items()}))
     return done, after - before
