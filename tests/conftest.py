@@ -21,6 +21,7 @@ torch.set_num_threads(1)
 
 BUDGET = Path(__file__).parent / "budget.toml"
 ENGINE_MARKERS = {"llama_cpp", "vllm", "engine"}  # tests that run a real serving engine
+ONE_AT_A_TIME = ENGINE_MARKERS | {"slow"}  # real engines and the real model: never two at once
 SLOWEST_SHOWN = 15
 CPU = device_name(torch.device("cpu"))
 
@@ -33,9 +34,14 @@ def models_dir(tmp_path_factory) -> Path:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        reason = missing_engine({mark.name for mark in item.iter_markers()})
+        markers = {mark.name for mark in item.iter_markers()}
+        reason = missing_engine(markers)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+        if markers & ONE_AT_A_TIME and "alone" not in markers:
+            # on `pytest -n 2 --dist loadgroup` one worker runs these in order, one engine at a time (vLLM computes on
+            # one core and keeps the other for its server), while the other worker runs the one-thread tests
+            item.add_marker(pytest.mark.xdist_group("engines"))
 
 
 # --- what the suite costs: the slowest tests, and the real-engine tests against tests/budget.toml ---------------

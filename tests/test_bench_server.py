@@ -126,6 +126,7 @@ def test_the_bench_profile_sends_the_asked_requests_per_rate(tmp_path):
     assert profile.sweep.request_rate == (0.3, 1.5)
 
 
+@pytest.mark.alone  # what it asserts rests on the server keeping a rate
 @needs_llama_server
 def test_on_a_real_server_the_latency_grows_only_at_a_rate_it_cannot_keep_up_with(tmp_path):
     # one prompt, 8 tokens: a request alone takes 0.2-0.4 s here (one thread), so 1 request/s queues nothing and

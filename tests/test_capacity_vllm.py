@@ -20,6 +20,8 @@ import pytest
 
 from test_server_vllm import needs_vllm, vllm_pids, vllm_server
 
+pytestmark = pytest.mark.alone  # a knee found by probing rates: nothing may share the cores
+
 RESOLUTION = 0.5
 PROFILE = f"""
 name = "vllm-capacity"

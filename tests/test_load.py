@@ -119,6 +119,7 @@ def test_in_process_backends_refuse_a_rate_and_load_and_slo_round_trip(tmp_path,
     assert load_profile(tmp_path / "again.toml") == profile
 
 
+@pytest.mark.alone  # what it asserts rests on the server keeping a rate
 @needs_llama_server
 def test_a_rate_sweep_on_a_real_server_sends_on_schedule_and_reports_goodput(tmp_path):
     (tmp_path / "rate.toml").write_text(RATE_PROFILE)
