@@ -32,6 +32,7 @@ def models_dir(tmp_path_factory) -> Path:
     return write_model_pair(tmp_path_factory.mktemp("models"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         markers = {mark.name for mark in item.iter_markers()}
@@ -59,9 +60,9 @@ def _is_worker(config) -> bool:
 
 
 def pytest_runtest_logreport(report):
-    _seconds[report.nodeid] += report.duration
+    _seconds[report.nodeid.removesuffix("@engines")] += report.duration
     if report.when == "call" and ENGINE_MARKERS & set(report.keywords) and not report.skipped:
-        _engine_tests.add(report.nodeid)
+        _engine_tests.add(report.nodeid.removesuffix("@engines"))
 
 
 def machine_budget(cpu_model: str, budget: dict) -> dict:

@@ -1,6 +1,11 @@
 """The suite's own cost guard (conftest.py, tests/budget.toml): which machine's budget applies, and what passes it."""
 
+import os
+import re
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
 from conftest import BUDGET, ledger_totals, machine_budget, over_budget, spent
 
@@ -28,3 +33,24 @@ def test_the_ledger_adds_up_the_invocations_of_one_suite(tmp_path):
     assert seconds == {"a": 10.0, "b": 5.0, "c": 100.0} and engine_tests == {"c"}
     assert spent(seconds, engine_tests) == {"engine_tests_s": 100.0, "suite_s": 115.0}
     assert ledger_totals({"a": 1.0}, set(), None) == ({"a": 1.0}, set())  # no ledger: this invocation alone
+
+
+def test_the_engine_tests_go_to_one_worker_in_order(tmp_path):
+    # `make test` relies on it: with `-n 2 --dist loadgroup` every test this conftest marks as running an engine lands
+    # on one worker, so no two engines run at once (pytest 9.2 dropped the node-id field xdist 3.8 writes the group to)
+    (tmp_path / "conftest.py").write_text(  # the suite's own hook, loaded under another module name
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('suite_conftest', {str(Path(__file__).parent / 'conftest.py')!r})\n"
+        "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
+        "pytest_collection_modifyitems = suite.pytest_collection_modifyitems\n")
+    (tmp_path / "test_group.py").write_text("import os, pytest\n" + "".join(
+        f"@pytest.mark.{mark}\ndef test_{i}():\n    pass\n"
+        for i, mark in enumerate(["engine", "slow", "engine", "slow", "engine", "slow"])))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", "2", "--dist", "loadgroup", "-p",
+                             "no:cacheprovider", "-o", "addopts=", "-W", "ignore::pytest.PytestUnknownMarkWarning",
+                             "test_group.py"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "SPECBENCH_TEST_BUDGET": "off"})
+    assert result.returncode == 0, result.stdout[-2000:]
+    ran = re.findall(r"\[(gw\d)\].*PASSED test_group.py::test_(\d)@engines", result.stdout)
+    assert sorted(int(test) for _, test in ran) == list(range(6)), result.stdout[-2000:]
+    assert len({worker for worker, _ in ran}) == 1, ran
