@@ -87,14 +87,15 @@ engine-vllm: .engines/vllm
 	ln -sfn $(ENGINES_DIR)/vllm $@  # the folder: its bin/python finds the virtualenv only beside pyvenv.cfg
 
 # Two invocations. First everything but the timing-sensitive tests on $(TEST_WORKERS) workers: the tests that run a real
-# engine or the real model go in order on one worker (one engine at a time; their checks that no engine is left
-# behind hold), the independent one-thread tests on both. Then the tests marked `alone` (a rate kept, a knee found)
-# with nothing beside them. tests/conftest.py adds both up against tests/budget.toml. ARGS narrows both (a file, -k);
-# exit 5 (nothing selected in a half) is no error.
+# engine or the real model go in order on one worker (one engine at a time, so their checks that no engine is left
+# behind hold; one thread each, as OpenMP spin-waits crawl on a shared core), the independent one-thread tests on both.
+# Then the tests marked `alone` (a rate kept, a knee found) with nothing beside them. tests/conftest.py adds both up
+# against tests/budget.toml. ARGS narrows both (a file, -k); exit 5 (nothing selected in a half) is no error.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	@ledger=$$(mktemp); rc=0; \
-	SPECBENCH_TEST_LEDGER=$$ledger $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not alone" $(ARGS) \
+	OMP_NUM_THREADS=1 SPECBENCH_TEST_LEDGER=$$ledger $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup \
+		-m "not alone" $(ARGS) \
 		|| [ $$? -eq 5 ] || rc=1; \
 	SPECBENCH_TEST_LEDGER=$$ledger $(BIN)/python -m pytest -q -m alone $(ARGS) || [ $$? -eq 5 ] || rc=1; \
 	rm -f $$ledger; exit $$rc

@@ -86,7 +86,7 @@ backend = "server"
 engine = "llama.cpp"
 binary = "{binary}"
 ready_timeout_s = 300
-extra_args = ["-t", "2", "-np", "1", "-c", "1024"]
+extra_args = ["-t", "1", "-np", "1", "-c", "1024"]
 [target]
 model = "{target}"
 """,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +19,8 @@ ROOT = Path(__file__).parents[1]
 @pytest.fixture
 def all_threads():
     previous = torch.get_num_threads()
-    torch.set_num_threads(max(1, len(__import__("os").sched_getaffinity(0))))
+    # every core, or what OMP_NUM_THREADS allows (make test sets 1 where another worker shares the cores)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, len(os.sched_getaffinity(0))))
     yield
     torch.set_num_threads(previous)
 

@@ -30,7 +30,7 @@ backend = "server"
 engine = "llama.cpp"
 binary = "{LLAMA_SERVER}"
 ready_timeout_s = 120
-extra_args = ["-t", "2", "-np", "4"]
+extra_args = ["-t", "1", "-np", "4"]
 [target]
 model = "builtin:smollm2-135m-instruct"
 [[drafts]]
@@ -164,7 +164,7 @@ def test_attached_to_a_running_server_only_per_request_axes_are_swept_and_it_is_
 
     port = free_port()
     gguf = resolve_model("builtin:smollm2-135m-instruct").location
-    server = subprocess.Popen([str(LLAMA_SERVER), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", "2",
+    server = subprocess.Popen([str(LLAMA_SERVER), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", "1",
                                "-np", "2", "--metrics"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "LD_LIBRARY_PATH": str(LLAMA_SERVER.resolve().parent)})
     try:

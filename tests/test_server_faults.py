@@ -38,7 +38,7 @@ backend = "server"
 engine = "llama.cpp"
 binary = "{LLAMA_SERVER}"
 ready_timeout_s = 120
-extra_args = ["-t", "2", "-np", "2"]
+extra_args = ["-t", "1", "-np", "2"]
 [target]
 model = "builtin:smollm2-135m-instruct"
 [[drafts]]
@@ -83,8 +83,8 @@ def test_a_request_the_engine_refuses_is_a_row_and_the_point_fails_only_when_mos
         folder.mkdir()
         (folder / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
         profile = (PROFILE.split("[[drafts]]")[0].replace(f'binary = "{LLAMA_SERVER}"', f'command = ["{LLAMA_SERVER}", '
-                   '"-m", "{target}", "--port", "{port}", "--metrics", "-c", "160", "-np", "1", "-t", "2"]')
-                   .replace('extra_args = ["-t", "2", "-np", "2"]\n', "")
+                   '"-m", "{target}", "--port", "{port}", "--metrics", "-c", "160", "-np", "1", "-t", "1"]')
+                   .replace('extra_args = ["-t", "1", "-np", "2"]\n', "")
                    + '[sweep]\ngamma = [3]\ntemperature = [0.0]\n[workload]\nprompts = "prompts.jsonl"\n'
                      'max_new_tokens = 8\n[slo]\nttft_ms = 100000\n'
                    + ("[run]\nwarmup = 0\n" if name == "most" else ""))  # a warm-up as long as most: refused too
