@@ -175,6 +175,7 @@ def test_a_silent_engine_is_asked_whether_it_hung_and_the_point_deadline_stops_t
         client.run(server.url, requests(3), model="m", concurrency=1, limits=deadline)
 
 
+@pytest.mark.alone  # the unstalled run must send within 5 ms of every arrival: nothing beside it
 def test_a_client_stalled_on_purpose_records_its_lateness_and_its_point_is_flagged(standin):
     server = standin(lambda body: answer())
     arrivals = client.arrival_times(12, request_rate=20.0, burstiness=1.0, seed=1)
