@@ -22,6 +22,7 @@ torch.set_num_threads(1)
 BUDGET = Path(__file__).parent / "budget.toml"
 ENGINE_MARKERS = {"llama_cpp", "vllm", "engine"}  # tests that run a real serving engine
 ONE_AT_A_TIME = ENGINE_MARKERS | {"slow"}  # real engines and the real model: never two at once
+GROUP = "engines"  # their xdist group; xdist appends "@engines" to their test ids
 SLOWEST_SHOWN = 15
 CPU = device_name(torch.device("cpu"))
 
@@ -42,7 +43,7 @@ def pytest_collection_modifyitems(config, items):
         if markers & ONE_AT_A_TIME and "alone" not in markers:
             # on `pytest -n 2 --dist loadgroup` one worker runs these in order, one engine at a time (vLLM computes on
             # one core and keeps the other for its server), while the other worker runs the one-thread tests
-            item.add_marker(pytest.mark.xdist_group("engines"))
+            item.add_marker(pytest.mark.xdist_group(GROUP))
 
 
 # --- what the suite costs: the slowest tests, and the real-engine tests against tests/budget.toml ---------------
@@ -60,9 +61,10 @@ def _is_worker(config) -> bool:
 
 
 def pytest_runtest_logreport(report):
-    _seconds[report.nodeid.removesuffix("@engines")] += report.duration
+    test = report.nodeid.removesuffix(f"@{GROUP}")  # one name for a test, grouped or not
+    _seconds[test] += report.duration
     if report.when == "call" and ENGINE_MARKERS & set(report.keywords) and not report.skipped:
-        _engine_tests.add(report.nodeid.removesuffix("@engines"))
+        _engine_tests.add(test)
 
 
 def machine_budget(cpu_model: str, budget: dict) -> dict:
