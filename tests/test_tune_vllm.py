@@ -30,7 +30,7 @@ gamma = [1, 2]
 temperature = [0.0]
 concurrency = [1, 4]
 [workload]
-prompts = "builtin:mixed"
+prompts = "copy.jsonl"
 max_prompts = 6
 max_new_tokens = 32
 [run]
@@ -39,10 +39,37 @@ warmup = 1
 """
 
 
+# Prompts the target answers by copying: n-gram lookup then drafts what the target says, so speculation pays by
+# a wide margin at both levels whatever else runs on the machine, and the recommendation has a draft to verify (on
+# builtin:mixed, beside the other test worker, it paid at neither level once and there was nothing to verify).
+PASSAGES = [
+    "The Harbor Line ferry runs every 30 minutes between 6:00 and 22:00 on weekdays. On weekends, the first departure "
+    "is at 8:00. Bicycles are allowed on all ferries for a fee of 2 euros.",
+    "To reset the router, hold the small button on the back for ten seconds until the light turns orange, then wait "
+    "two minutes before you connect again. Your settings are kept.",
+    "The library opens at nine in the morning and closes at six in the evening. Books can be borrowed for three weeks "
+    "and renewed twice online or at the front desk.",
+    "Water the tomato plants every morning, keep them in full sun, and tie the stems to a stake once they are thirty "
+    "centimetres tall. Pick the fruit when it is deep red.",
+    "Our office moves to 14 Station Road on the first of March. The phone numbers stay the same, and parking is free "
+    "behind the building for visitors.",
+    "Each team member presents for five minutes on Friday: what was done this week, what is blocked, and what comes "
+    "next. Questions wait until everyone has spoken.",
+]
+
+
+def write_profile(folder, text: str, name: str) -> None:
+    (folder / name).write_text(text)
+    (folder / "copy.jsonl").write_text("".join(json.dumps({
+        "id": f"copy-{i}", "category": "copy", "messages": [{"role": "user", "content":
+            f"Repeat the following text exactly, word for word, and write nothing else.\n\n{passage}"}]}) + "\n"
+        for i, passage in enumerate(PASSAGES)))
+
+
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     folder = tmp_path_factory.mktemp("vllm-tune")
-    (folder / "load.toml").write_text(PROFILE)
+    write_profile(folder, PROFILE, "load.toml")
     before = vllm_pids()
     result = subprocess.run([sys.executable, "-m", "specbench.cli", "tune", "load.toml", "--trials", "2", "--out", "out"],
                             cwd=folder, capture_output=True, text=True, timeout=2400)
@@ -113,7 +140,7 @@ def test_vllm_runs_a_gamma_schedule_as_given(tmp_path):
     """A draft's gamma_schedule launches as vLLM's num_speculative_tokens_per_batch_size, and vLLM drafts by it:
     gamma 3 at batch size 1, nothing from batch size 2 (by its own /metrics counters)."""
     profile = PROFILE.replace('method = "ngram"\n', 'method = "ngram"\ngamma_schedule = [[1, 1, 3], [2, 4, 0]]\n')
-    (tmp_path / "scheduled.toml").write_text(profile)
+    write_profile(tmp_path, profile, "scheduled.toml")
     result = subprocess.run([sys.executable, "-m", "specbench.cli", "run", "scheduled.toml", "--out", "out"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
