@@ -103,21 +103,21 @@ test: $(STAMP)
 # native eager, native compiled (static caches, torch.compile), HF generate, and vLLM's CPU build where installed
 # (make engine-vllm): the baseline, n-gram and the int8 self-draft at gamma 3 on the same prompts (~10 min here)
 bench: $(STAMP)
-	$(BIN)/python -m specbench.bench $(ARGS)
+	$(BIN)/python -m benches $(ARGS)
 
 # specbench's load generator against vLLM's own benchmark client on one vLLM server, at concurrency levels and
 # request rates (~13 min here)
 bench-server: $(STAMP) engine-vllm
-	$(BIN)/python -m specbench.bench.server $(ARGS)
+	$(BIN)/python -m benches.server $(ARGS)
 
 # builtin:sharegpt sent by specbench and by `vllm bench serve --dataset-name sharegpt` (same seed and count) to one
 # vLLM server: the same requests, prompt and output tokens (~5 min here)
 bench-sharegpt: $(STAMP) engine-vllm
-	$(BIN)/python -m specbench.bench.sharegpt $(ARGS)
+	$(BIN)/python -m benches.sharegpt $(ARGS)
 
 # the same capacity search run twice (ARGS="--runs 3"): how far apart its capacities land here (~21 min)
 bench-capacity: $(STAMP) engine-vllm
-	$(BIN)/python -m specbench.bench.capacity $(ARGS)
+	$(BIN)/python -m benches.capacity $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .engines

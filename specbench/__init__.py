@@ -26,7 +26,7 @@ def tune(profile=None, *, out=None, replay=None, device: str | None = None, max_
     from pathlib import Path
 
     from specbench.profile import Profile, load_profile, with_overrides
-    from specbench.results import default_out_dir
+    from specbench.core.results import default_out_dir
     from specbench.tune import TuneSettings, parse_objective
     from specbench.tune import tune as run_tune
 

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests import the `tiny` helper
 from installed_engines import missing_engine  # noqa: E402 - after the path is set
 from tiny import write_model_pair  # noqa: E402
 
-from specbench.devices import device_name  # noqa: E402
+from specbench.decoding.devices import device_name  # noqa: E402
 
 # Tiny models gain nothing from threads, and OpenMP spin-waits make them crawl when another process
 # shares the two cores. Tests on the real model raise this where they need it.

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from specbench import results, stats, summary
-from specbench.decoding.trace import StepRecord, Trace
-from specbench.results import PointSpec
+from specbench.core import results, stats, summary
+from specbench.core.trace import StepRecord, Trace
+from specbench.core.results import PointSpec
 from specbench.tune.warmstart import Calibration, calibrate, predicted_speedup
-from specbench.workloads import Prompt
+from specbench.workloads.prompts import Prompt
 
 BASELINE = PointSpec.baseline(0.0, 1.0)
 NGRAM = PointSpec("ngram-g4-t0-p1", "ngram", "ngram", 4, 0.0, 1.0, ngram_min=1, ngram_max=3)
@@ -88,7 +88,7 @@ def test_a_calibration_stored_before_the_prefill_was_recorded_still_loads():
     assert predicted_speedup(calibration, 2) == pytest.approx(1.75 / ((2 * 1.0 + 12.0) / 10.0))  # decode steps only
 
 
-# A recorded n-gram point: `python -m specbench.bench` (SmolLM2-135M-Instruct, float32, 2 CPU threads on a
+# A recorded n-gram point: `python -m benches` (SmolLM2-135M-Instruct, float32, 2 CPU threads on a
 # shared machine, greedy, gamma 4, ngram_max 3, 64 new tokens), each prompt's fastest of 2 repeats, native
 # backend. Many steps drafted nothing (no n-gram matched): 25 % of multi_turn-01's, 76 % of translation-01's.
 RECORDED_COLUMNS = ("prompt_id", "output_tokens", "e2e_ms", "ttft_ms", "target_steps", "decode_tokens", "drafted_tokens",

@@ -1,4 +1,4 @@
-"""`python -m specbench.bench`: options, and the figures it derives from request rows (the measurement itself
+"""`python -m benches`: options, and the figures it derives from request rows (the measurement itself
 is `make bench`, not a test)."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import pandas as pd
 import pytest
 import torch
 
-from specbench import results, stats
-from specbench.summary import predict
-from specbench.bench import MODEL, BenchConfig, Measurement, draft_quantize, parse_args, summarize
-from specbench.bench.render import render
-from specbench.decoding.trace import StepRecord, Trace
-from specbench.results import PointSpec
-from specbench.workloads import Prompt
+from specbench.core import results, stats
+from specbench.core.summary import predict
+from benches import MODEL, BenchConfig, Measurement, draft_quantize, parse_args, summarize
+from benches.render import render
+from specbench.core.trace import StepRecord, Trace
+from specbench.core.results import PointSpec
+from specbench.workloads.prompts import Prompt
 
 
 def test_options_choose_the_model_device_and_dtype(tmp_path):

@@ -1,4 +1,4 @@
-"""`python -m specbench.bench.server` at request rates: the verdicts, the figures they come from and the table rows,
+"""`python -m benches.server` at request rates: the verdicts, the figures they come from and the table rows,
 from plain data (the benchmark itself is `make bench-server`, not a test) — and one small rate level on a real
 llama-server (skipped where `make engines` has not built it)."""
 
@@ -11,10 +11,10 @@ import pytest
 
 from specbench.backends.server import BACKEND
 from specbench.backends.server.client import arrival_times
-from specbench.bench.server import (LATENCY_GROWTH_LIMIT, MODEL, RateLevel, bench_profile, latency_growth, parse_args,
+from benches.server import (LATENCY_GROWTH_LIMIT, MODEL, RateLevel, bench_profile, latency_growth, parse_args,
                                     rate_cells, rate_finding, render_rates, specbench_level, specbench_rate, vllm_level)
 from specbench.profile import profile_from_dict
-from specbench.results import PointSpec
+from specbench.core.results import PointSpec
 from test_load import rate_rows
 from installed_engines import LLAMA_SERVER, needs_llama_server
 

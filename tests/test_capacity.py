@@ -1,4 +1,4 @@
-"""The capacity search's decisions (specbench.capacity) on stand-ins whose attainment curve is known, so the
+"""The capacity search's decisions (specbench.capacity.search) on stand-ins whose attainment curve is known, so the
 right answer is known: Wilson intervals, pass / fail / undecided, more requests where an interval straddles the
 target, bracketing up and down, bisection to the resolution, the knee, the limits, the cases that cannot bracket;
 the SLO count from request rows; and the cost arithmetic."""
@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specbench.capacity import (Done, Next, Probe, SearchSettings, completed_per_s, conclude, decide, fewest_to_confirm,
+from specbench.capacity.search import (Done, Next, Probe, SearchSettings, completed_per_s, conclude, decide, fewest_to_confirm,
                                 met_slo, next_probe, wilson_interval)
-from specbench.cost import change, replicas_for, usd_per_mtok
+from specbench.core.cost import change, replicas_for, usd_per_mtok
 
 
 def settings(**overrides) -> SearchSettings:

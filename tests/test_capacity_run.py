@@ -19,9 +19,9 @@ from specbench.backends.server import launch_key
 from specbench.backends.server.client import arrival_times
 from specbench.backends.server.measure import request_plan
 from specbench.cli import app
-from specbench.models import load_tokenizer
-from specbench.results import PointSpec
-from specbench.workload_build import build_workload
+from specbench.models.load import load_tokenizer
+from specbench.core.results import PointSpec
+from specbench.workloads.build import build_workload
 
 PROFILE = """
 name = "standin"
@@ -289,7 +289,7 @@ def test_a_price_from_the_command_line_is_checked_like_the_profiles(folder):
 
 
 def test_the_headline_says_when_a_gain_lies_within_the_brackets():
-    from specbench.render import capacity_lines
+    from specbench.ui.run import capacity_lines
 
     def entry(name, method, low, high, beyond=None, gain=None):
         return {"configuration": name, "method": method, "axis": "request_rate", "temperature": 0.0, "top_p": 1.0,

@@ -57,7 +57,7 @@ def test_a_capacity_tune_needs_a_capacity_table(tmp_path, monkeypatch):
 def test_the_recommendation_panel_says_the_capacity_and_cost_beside_the_baselines():
     from rich.console import Console
 
-    from specbench.tune.render import recommendation_panel
+    from specbench.ui.tune import recommendation_panel
 
     capacity = {"capacity_rps": 1.68, "bracket": [1.68, 1.83], "status": "found", "baseline_capacity_rps": 1.3,
                 "baseline_bracket": [1.3, 1.41], "baseline_status": "found", "gain_vs_baseline": 0.2923,

@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from specbench import contention, summary
-from specbench.decoding.trace import Trace
-from specbench.render import print_run_summary
-from specbench.summary import mismatch_warning
-from specbench.results import PointSpec
+from specbench.core import contention, summary
+from specbench.core.trace import Trace
+from specbench.ui.run import print_run_summary
+from specbench.core.summary import mismatch_warning
+from specbench.core.results import PointSpec
 from test_analytic import BASELINE, NGRAM, rows, trace
 
 
@@ -115,7 +115,7 @@ def test_a_serving_engines_greedy_mismatch_is_reported_as_its_numerics_not_a_bro
 def test_a_server_stopped_or_started_during_a_point_is_not_counted_as_another_processs_load():
     """Before: the first point after a relaunch subtracted the stopped server's lifetime CPU ticks from this run's
     own and blamed 43-72 % of the CPU on other processes at every such point of a quiet vLLM sweep."""
-    from specbench.contention import _own_ticks
+    from specbench.core.contention import _own_ticks
 
     start = {1: 100, 2: 90_000}  # this process; the previous launch's server, about to be stopped
     end = {1: 130, 3: 4_000}  # this process; the new server, launched within the point

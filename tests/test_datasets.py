@@ -12,18 +12,18 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from specbench import datasets
+from specbench.workloads import datasets
 from specbench.cli import app
-from specbench.datasets import DatasetError, index_user_file, sample_sharegpt, scan_entries
+from specbench.workloads.datasets import DatasetError, index_user_file, sample_sharegpt, scan_entries
 from specbench.profile import ProfileError, WorkloadSpec, profile_from_dict
-from specbench.workload_build import (
+from specbench.workloads.build import (
     humaneval_prompts,
     output_budgets,
     prefix_texts,
     sharegpt_prompts,
     with_shared_prefixes,
 )
-from specbench.workloads import Prompt, WorkloadError
+from specbench.workloads.prompts import Prompt, WorkloadError
 from tiny import WORDS, tiny_profile, write_project
 
 

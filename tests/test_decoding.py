@@ -11,7 +11,9 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from specbench.decoding import BaselineProposer, DraftModelProposer, NgramProposer, StepState, Trace, generate
+from specbench.decoding.proposers import BaselineProposer, DraftModelProposer, NgramProposer
+from specbench.decoding.decode import StepState, generate
+from specbench.core.trace import Trace
 from specbench.decoding import kv
 from specbench.decoding.hf import hf_generate
 from specbench.decoding.proposers import lookup

@@ -7,8 +7,9 @@ import copy
 import pytest
 import torch
 
-from specbench.decoding import BaselineProposer, DraftModelProposer, NgramProposer, generate
-from specbench.decoding.trace import first_divergence
+from specbench.decoding.proposers import BaselineProposer, DraftModelProposer, NgramProposer
+from specbench.decoding.decode import generate
+from specbench.core.trace import first_divergence
 from tiny import DEVICE, tiny_llama
 
 PROMPT = [5, 9, 13, 22, 5, 9, 40, 41, 42, 5, 9, 13, 7]

@@ -14,7 +14,11 @@ from test_decoding import check_accounting
 from test_sampling import P_MIN, broken_verify_sampling, empirical_joint, exact_joint, pair_p_values
 from tiny import DEVICE
 
-from specbench.decoding import BaselineProposer, Eagle3Proposer, Sampler, decode, generate
+from specbench.decoding.proposers import BaselineProposer
+from specbench.decoding.eagle3 import Eagle3Proposer
+from specbench.decoding.sampling import Sampler
+from specbench.decoding import decode
+from specbench.decoding.decode import generate
 from specbench.heads.data import capture_examples
 from specbench.heads.train import agreement, make_batches, unroll
 from specbench.models.eagle3 import HeadError, load_head, save_head

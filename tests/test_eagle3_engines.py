@@ -31,7 +31,7 @@ from installed_engines import LLAMA_SERVER, processes_running
 from test_server_vllm import VLLM_PYTHON, needs_vllm, vllm_server
 
 from specbench.backends.server.heads import find_converter, to_gguf
-from specbench.models import hf_folder
+from specbench.models.load import hf_folder
 from specbench.models.eagle3 import HeadError
 
 TARGET = "builtin:smollm2-135m-instruct"

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.heads.reference import PRESETS
-from specbench.models import builtin_gguf_path
+from specbench.models.registry import builtin_gguf_path
 from specbench.models.eagle3 import ARCHITECTURE, save_head
-from specbench.references import TRAINED_PRESETS
+from specbench.profile.references import TRAINED_PRESETS
 
 TARGET = "builtin:smollm2-135m-instruct"  # hidden 576, 30 decoder layers, 49152 ids
 

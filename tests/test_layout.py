@@ -155,8 +155,8 @@ def test_no_module_uses_another_modules_private_names():
 
 
 def test_the_private_name_check_sees_both_forms():
-    tree = ast.parse("from specbench.results import _metrics\nfrom specbench import results\nresults._alpha(1)\n")
-    assert private_uses("x", tree) == ["x: from specbench.results import _metrics", "x: specbench.results._alpha"]
+    tree = ast.parse("from specbench.core.results import _metrics\nfrom specbench.core import results\nresults._alpha(1)\n")
+    assert private_uses("x", tree) == ["x: from specbench.core.results import _metrics", "x: specbench.core.results._alpha"]
 
 
 def test_modules_stay_small():

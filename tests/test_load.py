@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from specbench import summary
+from specbench.core import summary
 from specbench.backends.server.client import arrival_times
 from specbench.backends.server.measure import request_plan
 from specbench.cli import app
 from specbench.profile import dump_profile, load_profile, profile_from_dict
-from specbench.results import PointSpec, point_id
-from specbench.workloads import load_prompts
+from specbench.core.results import PointSpec, point_id
+from specbench.workloads.prompts import load_prompts
 from installed_engines import LLAMA_SERVER, needs_llama_server
 from test_server import PROFILE
 

@@ -26,28 +26,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 import specbench.models.fetch
 import specbench.models.gguf
 import specbench.models.load
-import specbench.pypi
-from specbench.pypi import PackageError
+import specbench.models.pypi
+from specbench.models.pypi import PackageError
 from specbench import models
-from specbench.models import (
-    BUILTIN_MODELS,
-    BuiltinModel,
-    ModelError,
-    ModelSource,
-    WheelPart,
-    builtin_gguf_path,
-    builtin_name,
-    builtin_ref,
-    cache_dir,
-    check_same_vocabulary,
-    convert_gguf,
-    fetch_builtin,
-    hf_folder,
-    is_builtin,
-    load_model,
-    load_tokenizer,
-    resolve_model,
-)
+from specbench.models.registry import (BUILTIN_MODELS, BuiltinModel, ModelError, WheelPart, builtin_gguf_path,
+    builtin_name, builtin_ref, cache_dir, is_builtin)
+from specbench.models.load import (ModelSource, check_same_vocabulary, hf_folder, load_model, load_tokenizer,
+    resolve_model)
+from specbench.models.gguf import convert_gguf
+from specbench.models.fetch import fetch_builtin
 
 CPU = torch.device("cpu")
 WORDS = ["<unk>", "<eos>", "the", "cat", "sat", "on", "a", "mat"]
@@ -328,9 +315,9 @@ def test_pip_download_failure_is_one_line(tmp_path: Path, monkeypatch: pytest.Mo
         stderr = "ERROR: Could not find a version\nERROR: No matching distribution found for nope==1\n"
         return subprocess.CompletedProcess(command, 1, "", stderr)
 
-    monkeypatch.setattr(specbench.pypi.subprocess, "run", failing_run)
+    monkeypatch.setattr(specbench.models.pypi.subprocess, "run", failing_run)
     with pytest.raises(PackageError) as error:
-        specbench.pypi.pip_download("nope==1", tmp_path)
+        specbench.models.pypi.pip_download("nope==1", tmp_path)
     assert str(error.value) == "cannot download nope==1 from PyPI: ERROR: No matching distribution found for nope==1"
     assert calls[0][:5] == [sys.executable, "-m", "pip", "download", "--no-deps"]
 

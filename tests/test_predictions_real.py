@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specbench.extrapolate import from_largest_gamma
+from specbench.core.predictions import from_largest_gamma
 from specbench.profile import profile_from_dict
 from specbench.sweep.plan import plan_points
 from specbench.tune.evaluate import Replay

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from specbench.models import BUILTIN_MODELS
+from specbench.models.registry import BUILTIN_MODELS
 from specbench.profile import (
     DEFAULT_PROFILE,
     DraftSpec,
@@ -19,7 +19,7 @@ from specbench.profile import (
     profile_from_dict,
     with_overrides,
 )
-from specbench.workloads import BUILTIN_SETS
+from specbench.workloads.prompts import BUILTIN_SETS
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((PROJECT_ROOT / "profiles").glob("*.toml"))

@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.models import builtin_gguf_path
+from specbench.models.registry import builtin_gguf_path
 
 ROOT = Path(__file__).parents[1]
 

@@ -12,7 +12,7 @@ import pytest
 
 from installed_engines import LLAMA_SERVER, needs_llama_server
 from specbench.engines import ENGINES, Speculation
-from specbench.models import builtin_gguf_path
+from specbench.models.registry import builtin_gguf_path
 from specbench.tune.recommend import engine_settings, read_help
 
 TARGET, DRAFT = "builtin:qwen2.5-coder-1.5b-instruct", "builtin:qwen2.5-coder-0.5b-instruct"

@@ -53,7 +53,7 @@ def _parse_id(point_id: str) -> tuple[str, int | None, float]:
 
 
 def points_frame(rows: list[dict]) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=specbench.results.POINT_COLUMNS)
+    frame = pd.DataFrame(rows, columns=specbench.core.results.POINT_COLUMNS)
     return frame.astype({"gamma": "Int64", "outputs_match_baseline": "boolean", "error": "string",
                          **{c: "float64" for c in ("speedup", "speedup_ci_low", "speedup_ci_high", "tokens_per_s",
                                                    "acceptance_rate", "mean_accepted_length", "ttft_ms_p50",

@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specbench import results
+from specbench.core import results
 from specbench.report import Format, build_report, render
-from specbench.workload_build import Workload
-from specbench.workloads import Prompt
+from specbench.workloads.build import Workload
+from specbench.workloads.prompts import Prompt
 from test_report import RUN_A, markdown_tables, report_cli, write_run
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -14,7 +14,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specbench.decoding import BaselineProposer, DraftModelProposer, NgramProposer, generate, logits_to_probs
+from specbench.decoding.proposers import BaselineProposer, DraftModelProposer, NgramProposer
+from specbench.decoding.decode import generate
+from specbench.decoding.sampling import logits_to_probs
 from specbench.decoding import decode
 from specbench.decoding.sampling import leading_accepts, sample, verify_sampling
 from tiny import DEVICE, perturbed, tiny_llama

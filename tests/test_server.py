@@ -162,7 +162,7 @@ def test_a_missing_binary_is_one_line_exit_2_and_nothing_written(tmp_path, monke
 
 def test_attached_to_a_running_server_only_per_request_axes_are_swept_and_it_is_left_running(tmp_path):
     from specbench.backends.server.process import free_port
-    from specbench.models import resolve_model
+    from specbench.models.load import resolve_model
 
     port = free_port()
     gguf = resolve_model("builtin:smollm2-135m-instruct").location

@@ -18,14 +18,14 @@ import pandas as pd
 import pytest
 from aiohttp import web
 
-from specbench import summary
+from specbench.core import summary
 from specbench.backends.server import checks, client, watch
 from specbench.backends.server.measure import check_failures, counters, point_measurements, request_row
 from specbench.backends.server.metrics import SpecCounters
 from specbench.backends.server.process import end_leftovers, start_time
 from specbench.profile import ProfileError
-from specbench.results import PointSpec
-from specbench.workloads import Prompt
+from specbench.core.results import PointSpec
+from specbench.workloads.prompts import Prompt
 
 
 class StandIn:
@@ -310,8 +310,8 @@ def test_a_leftover_engine_of_this_folder_is_ended_and_a_running_launchers_is_no
 
 def test_warm_up_sends_no_measured_prompt_but_one_of_about_their_length():
     from specbench.backends.server.measure import warmup_requests
-    from specbench.models import load_tokenizer
-    from specbench.workloads import load_prompts
+    from specbench.models.load import load_tokenizer
+    from specbench.workloads.prompts import load_prompts
 
     tokenizer, _ = load_tokenizer("builtin:smollm2-135m-instruct")
     prompts = load_prompts("builtin:mixed", max_prompts=8, categories=None)
@@ -330,7 +330,7 @@ def test_warm_up_sends_no_measured_prompt_but_one_of_about_their_length():
 
 
 def test_an_engines_mean_accepted_length_counts_every_target_pass_not_only_those_that_drafted():
-    from specbench.summary import engine_acceptance
+    from specbench.core.summary import engine_acceptance
 
     ngram = PointSpec("ngram-g3-t0-p1", "ngram", "ngram", 3, 0.0, 1.0, ngram_min=1, ngram_max=3)
     counters = {"acceptance_source": "metrics", "engine_drafts": 20.0, "engine_draft_tokens": 60.0}

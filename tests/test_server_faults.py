@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from specbench.backends.server import BACKEND
 from specbench.backends.server.process import start_time
 from specbench.cli import app
-from specbench.models import resolve_model
+from specbench.models.load import resolve_model
 from specbench.profile import profile_from_dict
 from installed_engines import LLAMA_SERVER, needs_llama_server
 from test_server import server_pids

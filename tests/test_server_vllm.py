@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.models import hf_folder
+from specbench.models.load import hf_folder
 from installed_engines import VLLM_PYTHON, needs_vllm, processes_running
 
 

@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from specbench import datasets
-from specbench.models import hf_folder
-from specbench.workload_build import sharegpt_prompts
+from specbench.workloads import datasets
+from specbench.models.load import hf_folder
+from specbench.workloads.build import sharegpt_prompts
 from test_server_vllm import VLLM_PYTHON, needs_vllm
 
 VLLM_SAMPLE = """

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 
-from specbench.decoding import BaselineProposer, DraftModelProposer, NgramProposer, StepState, generate
+from specbench.decoding.proposers import BaselineProposer, DraftModelProposer, NgramProposer
+from specbench.decoding.decode import StepState, generate
 from specbench.decoding import decode
 from specbench.decoding.static import BUCKETS, StaticModel, bucket, freeze_refusal, unsupported
 from specbench.profile import load_profile, with_overrides
@@ -208,7 +209,7 @@ def eagle3_setup():
 
 
 def test_compiled_eagle3_drafts_what_the_eager_one_does_without_recompiling(eagle3_setup):
-    from specbench.decoding import Eagle3Proposer
+    from specbench.decoding.eagle3 import Eagle3Proposer
 
     target, head, prompt, static = eagle3_setup
     expected = generate(target, BaselineProposer(DEVICE), prompt, gamma=1, temperature=0.0, max_new_tokens=MAX_NEW)
@@ -226,7 +227,7 @@ def test_compiled_eagle3_drafts_what_the_eager_one_does_without_recompiling(eagl
 
 
 def test_a_head_reading_other_layers_than_the_compiled_step_keeps_is_refused(eagle3_setup):
-    from specbench.decoding import Eagle3Proposer
+    from specbench.decoding.eagle3 import Eagle3Proposer
 
     target, head, _, _ = eagle3_setup
 

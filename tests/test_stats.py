@@ -1,4 +1,4 @@
-"""specbench.stats: the analytic step model on hand-built counts, the paired bootstraps, the Pareto mask."""
+"""specbench.core.stats: the analytic step model on hand-built counts, the paired bootstraps, the Pareto mask."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specbench import stats
+from specbench.core import stats
 from specbench.report import tables
-from specbench.stats import Prediction, StepModel
+from specbench.core.stats import Prediction, StepModel
 from specbench.tune.recommend import pareto_front
 
 # Four n-gram steps at gamma 4: two found no match (drafted 0), one drafted 4 and kept 2, one kept all 4.

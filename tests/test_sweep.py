@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 import specbench
-from specbench import results
+from specbench.core import results
 from specbench.backends.inprocess import InProcessSession
 from specbench.sweep.plan import plan_points
 from specbench.cli import app

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from specbench import stats
+from specbench.core import stats
 from specbench.cli import app
 from specbench.tune import TuneSettings, parse_objective, tune
 from specbench.tune import evaluate

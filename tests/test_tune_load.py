@@ -19,14 +19,14 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from specbench import results
+from specbench.core import results
 from specbench.cli import app
-from specbench.decoding.trace import StepRecord, Trace
+from specbench.core.trace import StepRecord, Trace
 from specbench.profile import ProfileError, dump_profile, load_profile, profile_from_dict
-from specbench.summary import summarize
+from specbench.core.summary import summarize
 from specbench.sweep.plan import plan_points
 from specbench.tune import TuneError, TuneSettings, parse_objective, tune
-from specbench.workloads import Prompt
+from specbench.workloads.prompts import Prompt
 
 KNEE = 4  # tokens a forward pass verifies at the cost of one
 STEP_MS = 20.0

@@ -1,4 +1,4 @@
-"""Tests for specbench.workloads: builtin sets, user files, selection, encoding, fingerprint."""
+"""Tests for specbench.workloads.prompts: builtin sets, user files, selection, encoding, fingerprint."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench.workloads import (
+from specbench.workloads.prompts import (
     BUILTIN_SETS,
     CATEGORIES,
     Prompt,

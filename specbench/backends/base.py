@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # the profile validates backend names against this package: no import at run time
     from specbench.profile import Profile
-    from specbench.results import PointSpec
-    from specbench.workload_build import Workload
-    from specbench.workloads import Prompt
+    from specbench.core.results import PointSpec
+    from specbench.workloads.build import Workload
+    from specbench.workloads.prompts import Prompt
 
 OnRequest = Callable[[], None]  # called after each measured request (progress)
 AfterPrompt = Callable[[list[dict[str, Any]]], None]  # the rows so far, after each prompt's repeats (pruning)

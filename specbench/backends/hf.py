@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from specbench.backends.inprocess import GenerateOne, InProcessBackend, InProcessSession
 from specbench.decoding.hf import hf_generate
-from specbench.results import PointSpec
+from specbench.core.results import PointSpec
 
 
 class HfSession(InProcessSession):

@@ -16,17 +16,19 @@ import torch
 import transformers
 
 import specbench
-from specbench import devices, results
+from specbench.decoding import devices
+from specbench.core import results
 from specbench.backends.base import AfterPrompt, Observer, OnRequest
-from specbench.decoding import Trace
-from specbench.errors import one_line
+from specbench.core.trace import Trace
+from specbench.core.errors import one_line
 from specbench.heads.reference import head_folder_reference
-from specbench.models import LoadedModel, ModelError, check_same_vocabulary, load_model
+from specbench.models.load import LoadedModel, check_same_vocabulary, load_model
+from specbench.models.registry import ModelError
 from specbench.models.eagle3 import HeadError, load_head_model
 from specbench.profile import Profile, ProfileError
-from specbench.results import PointSpec
-from specbench.workload_build import Workload, build_workload
-from specbench.workloads import Prompt
+from specbench.core.results import PointSpec
+from specbench.workloads.build import Workload, build_workload
+from specbench.workloads.prompts import Prompt
 
 GenerateOne = Callable[[list[int], int, int], Trace]  # (prompt ids, seed, max_new_tokens) -> one request's trace
 

@@ -8,13 +8,15 @@ from typing import Any
 import torch
 
 from specbench.backends.inprocess import GenerateOne, InProcessBackend, InProcessSession, LoadedModels
-from specbench.decoding import BaselineProposer, DraftModelProposer, Eagle3Proposer, NgramProposer, Proposer, generate
+from specbench.decoding.proposers import BaselineProposer, DraftModelProposer, NgramProposer, Proposer
+from specbench.decoding.eagle3 import Eagle3Proposer
+from specbench.decoding.decode import generate
 from specbench.decoding.costs import verify_costs_ms
 from specbench.decoding.static import BUCKETS, StaticModel, buckets_to_freeze, freeze_refusal
-from specbench.devices import available_bytes
-from specbench.errors import one_line
-from specbench.models import LoadedModel, weight_bytes
-from specbench.results import PointSpec
+from specbench.decoding.devices import available_bytes
+from specbench.core.errors import one_line
+from specbench.models.load import LoadedModel, weight_bytes
+from specbench.core.results import PointSpec
 
 DRAFT_STEP_TOKENS = 2  # a draft model's step feeds at most the bonus token and the last accepted draft
 

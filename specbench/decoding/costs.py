@@ -12,7 +12,7 @@ import statistics
 
 import torch
 
-from specbench.devices import Clock
+from specbench.decoding.devices import Clock
 from specbench.decoding import kv
 from specbench.decoding.static import StaticModel, bucket
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.devices import Clock, PeakMemory
+from specbench.decoding.devices import Clock, PeakMemory
 from specbench.decoding import kv
 from specbench.decoding.proposers import BaselineProposer, Proposer
 from specbench.decoding.sampling import Sampler, top2_gap, verify_greedy, verify_sampling
-from specbench.decoding.trace import StepRecord, Trace
+from specbench.core.trace import StepRecord, Trace
 
 
 @dataclass(frozen=True)

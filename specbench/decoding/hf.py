@@ -17,8 +17,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 from transformers import GenerationConfig
 
-from specbench.devices import Clock, PeakMemory
-from specbench.decoding.trace import StepRecord, Trace
+from specbench.decoding.devices import Clock, PeakMemory
+from specbench.core.trace import StepRecord, Trace
 
 
 class _TimingStreamer:

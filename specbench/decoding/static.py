@@ -21,7 +21,7 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
-from specbench.devices import Clock, resident_bytes
+from specbench.decoding.devices import Clock, resident_bytes
 from specbench.decoding import kv
 from specbench.decoding.eagle3 import AuxCapture
 

@@ -16,13 +16,14 @@ from typing import Any, Protocol
 import torch
 from pydantic import ValidationError
 
-from specbench import devices
+from specbench.decoding import devices
 from specbench.heads.data import IGNORE, capture_examples, draft_vocabulary, greedy_continuations, split_held_out
 from specbench.heads.train import TrainSettings, agreement, fit, make_batches
-from specbench.models import cache_dir, load_model
+from specbench.models.registry import cache_dir
+from specbench.models.load import load_model
 from specbench.models.eagle3 import Eagle3Head, HeadError, default_aux_layers, head_config, save_head
-from specbench.validation import describe
-from specbench.workload_build import build_workload
+from specbench.profile.validation import describe
+from specbench.workloads.build import build_workload
 
 FORMAT_VERSION = 1
 REPORT_FILE = "specbench_head.json"

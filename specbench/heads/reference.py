@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from specbench.heads.distill import QUICK, HeadReport, HeadSettings, train_head
-from specbench.references import TRAINED_PREFIX, is_trained_head
+from specbench.profile.references import TRAINED_PREFIX, is_trained_head
 
 PRESETS = {"default": HeadSettings(), "quick": QUICK}  # keyed by references.TRAINED_PRESETS (tested)
 

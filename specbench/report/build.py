@@ -10,7 +10,7 @@ import pandas as pd
 
 from specbench.report import load_tables, predictions, tables
 from specbench.report.capacity import CapacityReport, capacity_report
-from specbench.report.load import Run, Skipped, load_runs
+from specbench.report.folders import Run, Skipped, load_runs
 from specbench.report.trials import StudyReport, study_reports
 from specbench.report.workload import WorkloadReport, workload_report
 

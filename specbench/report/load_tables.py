@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from specbench import results
+from specbench.core import results
 from specbench.report import tables
 
 # The two load axes, never one scale: closed loop (requests in flight) and open loop (arrivals per second).

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from specbench import results, stats
-from specbench.report.load import ReportError
+from specbench.core import results, stats
+from specbench.report.folders import ReportError
 
 LIST_COLUMNS = ("accepted_per_position", "drafted_per_position")
 KEYS = tuple(name for name in results.POINT_COLUMNS if name not in LIST_COLUMNS)  # --filter and --sort keys

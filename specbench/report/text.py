@@ -8,10 +8,10 @@ from typing import Any
 
 import pandas as pd
 
-from specbench.contention import ADVICE
+from specbench.core.contention import ADVICE
 from specbench.report import capacity, load_tables, predictions, schedule, tables, trials, workload
 from specbench.report.build import Report, RunReport
-from specbench.summary import mismatch_warning
+from specbench.core.summary import mismatch_warning
 
 
 def unstable_warning(run_report: RunReport) -> str | None:

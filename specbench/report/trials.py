@@ -18,7 +18,7 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from specbench.report.load import Tune
+from specbench.report.folders import Tune
 from specbench.report.tables import Filter, apply_filters, fmt
 
 # roles of trials that ran nothing (the claim rule gave their point to another trial, or the budget was spent)

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from specbench.report.tables import fmt
-from specbench.workload_build import length_stats
+from specbench.workloads.build import length_stats
 
 LENGTH_COLUMNS = ("tokens", "mean", "p50", "p99")
 PROMPT_ROW, BUDGET_ROW, OUTPUT_ROW = "prompt tokens (sent)", "max new tokens (budget)", "output tokens (generated)"

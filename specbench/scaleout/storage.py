@@ -13,7 +13,7 @@ import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-from specbench.errors import one_line
+from specbench.core.errors import one_line
 from specbench.scaleout.liveness import heartbeat_interval, requeue_callback
 
 DEFAULT_STORAGE_FILE = "study.db"

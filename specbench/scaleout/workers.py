@@ -19,7 +19,7 @@ from multiprocessing.queues import SimpleQueue
 from typing import Protocol, TypeVar
 
 from specbench.backends import get_backend
-from specbench.errors import one_line
+from specbench.core.errors import one_line
 from specbench.profile import Profile, with_overrides
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specbench.profile import Profile, ProfileError
-from specbench.results import default_out_dir
+from specbench.core.results import default_out_dir
 from specbench.sweep.files import ResumeError, RunFiles
 from specbench.sweep.loop import PointRun, RunResult, SilentObserver, SweepObserver, evaluate_point, run_sweep
 

@@ -1,5 +1,5 @@
 """The capacity search of `specbench run` (a profile's [capacity] table): per launch configuration and
-(temperature, top_p), while the configuration's engine is up, the probes `specbench.capacity.next_probe` asks
+(temperature, top_p), while the configuration's engine is up, the probes `specbench.capacity.search.next_probe` asks
 for — each one a recorded point at a request rate (or a concurrency), reused where the files already hold it with
 as many requests — until the bracket closes. Each decision goes to the terminal (observer.message) and the
 manifest; the capacities, brackets, gains over the baseline and costs to capacity.json."""
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from specbench import cost, results, summary
-from specbench.capacity import (Done, Next, Probe, SearchSettings, conclude, decide, fewest_to_confirm, next_probe,
+from specbench.core import cost, results, summary
+from specbench.capacity.search import (Done, Next, Probe, SearchSettings, conclude, decide, fewest_to_confirm, next_probe,
                                 probe_of)
-from specbench.results import PointSpec
+from specbench.core.results import PointSpec
 from specbench.sweep.context import RunContext
 from specbench.sweep.files import RunFiles
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from specbench.backends import Backend, Observer, Session, get_backend
 from specbench.profile import Profile
-from specbench.results import PointSpec, stable_hash
-from specbench.workloads import workload_fingerprint
+from specbench.core.results import PointSpec, stable_hash
+from specbench.workloads.prompts import workload_fingerprint
 
 
 @dataclass

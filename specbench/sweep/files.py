@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 import specbench
-from specbench import results, summary
-from specbench.contention import ADVICE
+from specbench.core import results, summary
+from specbench.core.contention import ADVICE
 from specbench.profile import dump_profile
-from specbench.results import PointSpec
+from specbench.core.results import PointSpec
 from specbench.sweep.context import RunContext
 
 if TYPE_CHECKING:
     from specbench.sweep.loop import PointRun
-from specbench.workloads import workload_fingerprint
+from specbench.workloads.prompts import workload_fingerprint
 
 # a point's constant columns: what ran it, how quiet the machine was meanwhile, and what a serving engine
 # counted over the point (acceptance, peak memory)

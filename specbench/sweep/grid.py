@@ -23,9 +23,9 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from specbench import results
+from specbench.core import results
 from specbench.profile import Profile
-from specbench.results import PointSpec, stable_hash
+from specbench.core.results import PointSpec, stable_hash
 from specbench.sweep.context import RunContext, open_run
 from specbench.sweep.files import RunFiles
 from specbench.sweep.loop import (

@@ -11,10 +11,10 @@ from typing import Any, Protocol
 import pandas as pd
 
 from specbench.backends import AfterPrompt
-from specbench.contention import ConditionsProbe
-from specbench.errors import one_line
+from specbench.core.contention import ConditionsProbe
+from specbench.core.errors import one_line
 from specbench.profile import Profile
-from specbench.results import PointSpec
+from specbench.core.results import PointSpec
 from specbench.sweep.capacity import CapacitySearch, by_launch
 from specbench.sweep.context import RunContext, open_run
 from specbench.sweep.files import RunFiles

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 
 from specbench.engines import schedule_text
-from specbench.loadmix import levels_of
+from specbench.core.loadmix import levels_of
 from specbench.profile import Profile
-from specbench.results import PointSpec, point_id
+from specbench.core.results import PointSpec, point_id
 
 
 def temperature_groups(profile: Profile) -> list[tuple[float, float]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import optuna
 
-from specbench import cost
+from specbench.core import cost
 from specbench.sweep.capacity import CapacitySearch
 from specbench.sweep.loop import SilentObserver, evaluate_point
 from specbench.tune.evaluate import Evaluator, Live

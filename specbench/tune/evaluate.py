@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from specbench import results
+from specbench.core import results
 from specbench.profile import Profile, ProfileError, profile_from_dict
-from specbench.results import PointSpec
+from specbench.core.results import PointSpec
 from specbench.sweep import RunFiles, evaluate_point
 from specbench.sweep.context import RunContext
 from specbench.sweep.files import CONTEXT_COLUMNS

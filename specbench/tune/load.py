@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specbench.loadmix import parse_load_mix
+from specbench.core.loadmix import parse_load_mix
 from specbench.profile import Profile
 from specbench.sweep.plan import load_levels
 from specbench.tune.recommend import choose

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specbench import summary
-from specbench.results import PointSpec
+from specbench.core import summary
+from specbench.core.results import PointSpec
 from specbench.tune.space import Objective
 
 

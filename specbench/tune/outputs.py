@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from specbench import results
+from specbench.core import results
 from specbench.profile import dump_profile, profile_from_dict
 from specbench.scaleout.storage import masked
 from specbench.tune.plan import RECOMMENDATION_JSON, RECOMMENDATION_TOML, TRIALS_FILE, Plan, TuneResult

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from specbench import results
+from specbench.core import results
 from specbench.profile import Profile
 from specbench.sweep.plan import temperature_groups
 from specbench.scaleout.storage import (

@@ -15,9 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specbench import stats
+from specbench.core import stats
 from specbench.engines import ENGINES, EngineError, Speculation
-from specbench.models import builtin_gguf_path, builtin_model, builtin_name, is_builtin
+from specbench.models.registry import builtin_gguf_path, builtin_model, builtin_name, is_builtin
 from specbench.profile import Profile
 from specbench.tune.space import Objective
 

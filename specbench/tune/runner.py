@@ -19,7 +19,7 @@ import pandas as pd
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from specbench import results
+from specbench.core import results
 from specbench.profile import Profile
 from specbench.sweep import RunFiles
 from specbench.sweep.context import open_run

@@ -13,7 +13,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 
 from specbench.engines import ENGINES, EngineError, Speculation
 from specbench.profile import Profile
-from specbench.results import PointSpec, point_id
+from specbench.core.results import PointSpec, point_id
 
 
 class TuneError(ValueError):

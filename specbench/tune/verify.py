@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from specbench import results, stats
+from specbench.core import results, stats
 from specbench.profile import ProfileError, profile_from_dict
 from specbench.sweep import ResumeError, run_sweep
 from specbench.sweep.loop import SilentObserver, SweepObserver

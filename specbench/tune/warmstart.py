@@ -4,7 +4,7 @@ the speedup of every smaller gamma is predicted (`stats.StepModel`), and the bes
 first.
 
 How a smaller gamma is predicted from the calibration (steps, acceptance per position, draft and verify costs):
-specbench.extrapolate, which `specbench run` also uses for each point's max_gamma_predicted_speedup.
+specbench.core.predictions, which `specbench run` also uses for each point's max_gamma_predicted_speedup.
 
 Some backends measure neither (`unavailable_with`): a server's rows hold no verify time and no steps, and
 its forward pass cannot be timed from outside; transformers' generate() does not report what it drafted.
@@ -13,7 +13,7 @@ There is no warm start then, rather than a prediction from numbers that were nev
 
 from __future__ import annotations
 
-from specbench.extrapolate import Calibration, calibrate, predict, predicted_speedup, verify_ms
+from specbench.core.predictions import Calibration, calibrate, predict, predicted_speedup, verify_ms
 
 __all__ = ["Calibration", "UNAVAILABLE", "calibrate", "predict", "predicted_speedup", "unavailable_with", "verify_ms"]
 

@@ -20,10 +20,10 @@ from specbench.backends.server import checks, client, heads, watch
 from specbench.backends.server.measure import measure_point
 from specbench.backends.server.process import HOST, ServerFailed, ServerProcess, end_leftovers, free_port
 from specbench.engines import ENGINES, EngineError, ServingEngine, Speculation, parse_schedule
-from specbench.models import hf_folder, load_tokenizer, resolve_model
+from specbench.models.load import hf_folder, load_tokenizer, resolve_model
 from specbench.profile import Profile, ProfileError
-from specbench.results import PointSpec
-from specbench.workload_build import build_workload
+from specbench.core.results import PointSpec
+from specbench.workloads.build import build_workload
 
 
 def launch_key(spec: PointSpec) -> tuple:

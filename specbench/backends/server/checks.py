@@ -18,9 +18,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from specbench.engines import ServingEngine
-from specbench.models import converted_folder, resolve_model
+from specbench.models.gguf import converted_folder
+from specbench.models.load import resolve_model
 from specbench.profile import Profile, ProfileError
-from specbench.workload_build import Workload
+from specbench.workloads.build import Workload
 
 PLACEHOLDERS = ("target", "draft", "host", "port")
 CHOSEN_FLAGS = ("--host", "--port")  # specbench launches on 127.0.0.1 and a free port

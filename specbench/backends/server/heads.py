@@ -21,7 +21,9 @@ from pathlib import Path
 
 from specbench.engines import ServingEngine
 from specbench.heads.reference import head_folder_reference
-from specbench.models import cache_dir, gguf_sha256, hf_folder, resolve_model
+from specbench.models.registry import cache_dir
+from specbench.models.gguf import gguf_sha256
+from specbench.models.load import hf_folder, resolve_model
 from specbench.models.eagle3 import HeadError, fit_to_target, head_folder, read_config
 from specbench.models.load import folder_identity
 from specbench.profile import Profile, ProfileError

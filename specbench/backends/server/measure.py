@@ -15,7 +15,7 @@ from specbench.backends.base import AfterPrompt, OnRequest
 from specbench.backends.server import client
 from specbench.backends.server.metrics import SpecCounters, spec_counters
 from specbench.backends.server.process import peak_rss_mb, reset_peak_rss
-from specbench.results import PointSpec, prompt_columns
+from specbench.core.results import PointSpec, prompt_columns
 
 if TYPE_CHECKING:
     from specbench.backends.server import ServerSession

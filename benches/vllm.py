@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.bench.server import DEFAULT_PYTHON, VLLM_ARGS, VLLM_ENV
+from benches.server import DEFAULT_PYTHON, VLLM_ARGS, VLLM_ENV
 
 __all__ = ["DEFAULT_PYTHON", "METHODS", "requests"]
 

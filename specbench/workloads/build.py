@@ -10,9 +10,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbench import datasets
-from specbench.stats import percentile
-from specbench.workloads import (
+from specbench.workloads import datasets
+from specbench.core.stats import percentile
+from specbench.workloads.prompts import (
     BUILTIN_PREFIX,
     DATASET_SETS,
     PROMPT_SETS,

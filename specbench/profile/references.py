@@ -6,10 +6,10 @@ from typing import Annotated
 
 from pydantic import AfterValidator, StrictStr, ValidationInfo
 
-from specbench.models import BUILTIN_MODELS, is_builtin
-from specbench.validation import rule as _rule
-from specbench.validation import show as _show
-from specbench.workloads import BUILTIN_SETS
+from specbench.models.registry import BUILTIN_MODELS, is_builtin
+from specbench.profile.validation import rule as _rule
+from specbench.profile.validation import show as _show
+from specbench.workloads.prompts import BUILTIN_SETS
 
 _RELATIVE_NOTE = "(paths are relative to the profile's folder)"
 TRAINED_PREFIX = "trained:"

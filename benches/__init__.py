@@ -12,7 +12,7 @@ tokens/s and speedups, and native ÷ HF, with paired bootstrap CIs over prompts;
 analytic model's prediction from the measured drafting, acceptance and step costs; and whether every greedy
 output is identical token for token. Each prompt's time is its fastest repeat (other processes only ever add time).
 
-    python -m specbench.bench [--prompts 6] [--max-new-tokens 64] [--gamma 3] [--repeats 2] [--no-draft]
+    python -m benches [--prompts 6] [--max-new-tokens 64] [--gamma 3] [--repeats 2] [--no-draft]
                               [--no-compile] [--vllm .engines/vllm/bin/python | --no-vllm]
                               [--model REF] [--device cuda] [--dtype bfloat16]
 
@@ -20,12 +20,12 @@ On a GPU, or in another dtype than float32, the draft is a second copy of the ta
 dynamic quantisation needs float32 on a CPU), and the compiled backend captures CUDA graphs.
 
 Modules: measure (load once, run the requests), vllm (vLLM's requests, through `specbench run`), summary (figures
-from the request rows, through specbench.results and specbench.stats), render (the terminal tables), cli (options).
+from the request rows, through specbench.core.results and specbench.core.stats), render (the terminal tables), cli (options).
 """
 
-from specbench.bench.cli import main, parse_args
-from specbench.bench.measure import MODEL, PROMPTS, BenchConfig, Measurement, bench_profile, draft_quantize, measure
-from specbench.bench.summary import BenchSummary, summarize
+from benches.cli import main, parse_args
+from benches.measure import MODEL, PROMPTS, BenchConfig, Measurement, bench_profile, draft_quantize, measure
+from benches.summary import BenchSummary, summarize
 
 __all__ = ["MODEL", "PROMPTS", "BenchConfig", "BenchSummary", "Measurement", "bench_profile", "draft_quantize",
            "main", "measure", "parse_args", "summarize"]

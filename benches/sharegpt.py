@@ -9,7 +9,7 @@ the same cached ShareGPT file (`specbench datasets`) with `--dataset-name shareg
 count exactly the requests that client sent. Reported: requests, prompt tokens (chat template included) and output
 tokens, as the server counted them and as each client recorded them, and their ratio (aimed within 2 % of 1).
 
-    python -m specbench.bench.sharegpt [--python .engines/vllm/bin/python] [--prompts 32] [--concurrency 4]
+    python -m benches.sharegpt [--python .engines/vllm/bin/python] [--prompts 32] [--concurrency 4]
                                        [--seed 0]
 """
 
@@ -27,11 +27,11 @@ from rich.console import Console
 from rich.table import Table
 
 from specbench.backends.server import BACKEND, client
-from specbench.bench.server import DEFAULT_PYTHON, MODEL, VLLM_ARGS, VLLM_ENV, Quiet, vllm_bench
-from specbench.datasets import fetch_dataset
-from specbench.models import hf_folder
+from benches.server import DEFAULT_PYTHON, MODEL, VLLM_ARGS, VLLM_ENV, Quiet, vllm_bench
+from specbench.workloads.datasets import fetch_dataset
+from specbench.models.load import hf_folder
 from specbench.profile import ProfileError, profile_from_dict
-from specbench.results import PointSpec
+from specbench.core.results import PointSpec
 
 SERVER_COUNTERS = ("prompt_tokens", "generation_tokens", "request_success")
 TOLERANCE = 0.02
@@ -114,7 +114,7 @@ def render(sides: tuple[Sent, Sent], *, prompts: int, concurrency: int, seed: in
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m specbench.bench.sharegpt", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benches.sharegpt", description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", type=Path, default=DEFAULT_PYTHON, help="the Python that has vLLM")
     parser.add_argument("--prompts", type=int, default=32, help="conversations sampled (--num-prompts)")
     parser.add_argument("--concurrency", type=int, default=4)

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from specbench.render import fmt
+from specbench.ui.run import fmt
 
 
 class TuneProgress:

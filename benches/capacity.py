@@ -6,7 +6,7 @@ each run's capacity and bracket, and the largest over the smallest capacity; per
 request at a time (p50) — the machine's speed during that run: where an SLO limit lies close to it, the capacity
 moves with the machine rather than with the configuration.
 
-    python -m specbench.bench.capacity [PROFILE] [--runs 2] [--out FOLDER]
+    python -m benches.capacity [PROFILE] [--runs 2] [--out FOLDER]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.results import CAPACITY_FILE
+from specbench.core.results import CAPACITY_FILE
 
 DEFAULT_PROFILE = "profiles/vllm-cpu-capacity.toml"
 
@@ -42,7 +42,7 @@ def run_once(profile: Path, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specbench.bench.capacity", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benches.capacity", description=__doc__.splitlines()[0])
     parser.add_argument("profile", nargs="?", default=DEFAULT_PROFILE)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="keep each run's files here (default: a temporary folder)")

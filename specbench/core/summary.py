@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specbench import contention, cost, extrapolate, stats
-from specbench.decoding import first_divergence
-from specbench.results import POINT_COLUMNS, POINT_DTYPES, PointSpec
+from specbench.core import contention, cost, predictions, stats
+from specbench.core.trace import first_divergence
+from specbench.core.results import POINT_COLUMNS, POINT_DTYPES, PointSpec
 
 RATE_TOLERANCE = 0.02  # an open-loop client that sent further than this from the asked rate fell behind
 LATENESS_LIMIT_MS = 5.0  # an open-loop client whose p99 send lateness is above this fell behind its schedule
@@ -33,7 +33,7 @@ def summarize(specs: list[PointSpec], requests: pd.DataFrame, *, failures: dict[
     rows = []
     sent = {point_id: group for point_id, group in requests.groupby("point_id", sort=False)} if len(requests) else {}
     by_point = {point_id: _measured(group) for point_id, group in sent.items()}  # failed requests apart
-    from_largest = extrapolate.from_largest_gamma(specs, by_point, verify_ms_by_tokens=verify_ms_by_tokens)
+    from_largest = predictions.from_largest_gamma(specs, by_point, verify_ms_by_tokens=verify_ms_by_tokens)
     for spec in specs:
         if spec.point_id not in by_point and spec.point_id not in failures:
             continue

@@ -1,6 +1,6 @@
 """Load the models once and run every request of the bench: each prompt through every (point, backend)
 pair, the in-process backends rotating which goes first, every request recorded as a `results.request_row`;
-then, where vLLM is installed, the same prompts on vLLM's CPU build (specbench.bench.vllm)."""
+then, where vLLM is installed, the same prompts on vLLM's CPU build (benches.vllm)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from specbench import results
+from specbench.core import results
 from specbench.backends.hf import HfSession
 from specbench.backends.inprocess import InProcessSession, LoadedModels, load_models
 from specbench.backends.native import NativeSession
-from specbench.bench import vllm
-from specbench.devices import device_name, resolve_device, resolve_dtype
-from specbench.errors import one_line
+from benches import vllm
+from specbench.decoding.devices import device_name, resolve_device, resolve_dtype
+from specbench.core.errors import one_line
 from specbench.profile import Profile, profile_from_dict, with_overrides
-from specbench.results import PointSpec
+from specbench.core.results import PointSpec
 from specbench.sweep.plan import plan_points
 
 MODEL = "builtin:smollm2-135m-instruct"

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from specbench import results, stats, summary
-from specbench.bench.measure import ENGINE, Measurement
-from specbench.results import PointSpec
+from specbench.core import results, stats, summary
+from benches.measure import ENGINE, Measurement
+from specbench.core.results import PointSpec
 
 
 @dataclass(frozen=True)

@@ -11,21 +11,22 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from specbench.devices import DeviceError
-from specbench.heads.cli import heads_app
-from specbench.models import BUILTIN_MODELS, ModelError, fetch_builtin, list_builtins
+from specbench.decoding.devices import DeviceError
+from specbench.cli.heads import heads_app
+from specbench.models.registry import BUILTIN_MODELS, ModelError, list_builtins
+from specbench.models.fetch import fetch_builtin
 from specbench.profile import DEFAULT_PROFILE, ProfileError, load_profile, with_overrides
-from specbench.datasets import SOURCES as DATASETS
-from specbench.datasets import fetch_dataset, list_datasets
-from specbench.render import SweepProgress, print_builtins, print_capacity, print_datasets, print_run_summary
+from specbench.workloads.datasets import SOURCES as DATASETS
+from specbench.workloads.datasets import fetch_dataset, list_datasets
+from specbench.ui.run import SweepProgress, print_builtins, print_capacity, print_datasets, print_run_summary
 from specbench.report import Format, ReportError, build_report, default_html_path, render
 from specbench.report.terminal import print_report
-from specbench.results import default_out_dir
+from specbench.core.results import default_out_dir
 from specbench.sweep import ResumeError, run_profile
 from specbench.scaleout import ScaleOutError, WorkerError
 from specbench.tune import OBJECTIVES, Constraints, TuneError, TuneSettings, parse_objective, tune as run_tune
-from specbench.tune.render import TuneProgress, print_tune_summary
-from specbench.workloads import WorkloadError
+from specbench.ui.tune import TuneProgress, print_tune_summary
+from specbench.workloads.prompts import WorkloadError
 
 app = typer.Typer(
     help="Benchmark speculative decoding: which draft, gamma and temperature to deploy, and what it buys.",

@@ -1,4 +1,4 @@
-"""`python -m specbench.bench` options: parse them into a BenchConfig, measure, summarize, render."""
+"""`python -m benches` options: parse them into a BenchConfig, measure, summarize, render."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from specbench.bench.measure import MODEL, PROMPTS, BenchConfig, measure
-from specbench.bench.vllm import DEFAULT_PYTHON
-from specbench.bench.render import render
-from specbench.bench.summary import summarize
-from specbench.devices import DeviceError
-from specbench.models import ModelError
+from benches.measure import MODEL, PROMPTS, BenchConfig, measure
+from benches.vllm import DEFAULT_PYTHON
+from benches.render import render
+from benches.summary import summarize
+from specbench.decoding.devices import DeviceError
+from specbench.models.registry import ModelError
 from specbench.profile import ProfileError
 
 DESCRIPTION = ("Native eager, native compiled, HF generate and vLLM's CPU build, side by side on the embedded model "
@@ -19,7 +19,7 @@ DESCRIPTION = ("Native eager, native compiled, HF generate and vLLM's CPU build,
 
 
 def parse_args(argv: list[str] | None = None) -> BenchConfig:
-    parser = argparse.ArgumentParser(prog="python -m specbench.bench", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="python -m benches", description=DESCRIPTION)
     parser.add_argument("--prompts", type=int, default=6, help=f"prompts from {PROMPTS} (default 6)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per request (default 64)")
     parser.add_argument("--gamma", type=int, default=3, help="drafted tokens per step (default 3)")

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from specbench.results import PointSpec
-from specbench.stats import Prediction, StepModel
+from specbench.core.results import PointSpec
+from specbench.core.stats import Prediction, StepModel
 
 
 @dataclass(frozen=True)

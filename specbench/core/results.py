@@ -1,5 +1,5 @@
 """Result files: the point spec and ids, per-request rows (the source of truth), the schema of the per-point
-summaries (derived from the rows in `specbench.summary`), and atomic parquet/JSON writes.
+summaries (derived from the rows in `specbench.core.summary`), and atomic parquet/JSON writes.
 
 requests.parquet: one row per prompt x repeat x point. points.parquet: one row per point, recomputed
 from the request rows every time it is written.
@@ -17,8 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-from specbench.decoding.trace import Trace
-from specbench.workloads import Prompt
+from specbench.core.trace import Trace
+from specbench.workloads.prompts import Prompt
 
 REQUESTS_FILE = "requests.parquet"
 POINTS_FILE = "points.parquet"

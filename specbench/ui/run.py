@@ -12,12 +12,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench.contention import ADVICE
-from specbench.datasets import DatasetInfo
-from specbench.models import BuiltinInfo
-from specbench import results
-from specbench.results import PointSpec
-from specbench.summary import mismatch_warning
+from specbench.core.contention import ADVICE
+from specbench.workloads.datasets import DatasetInfo
+from specbench.models.registry import BuiltinInfo
+from specbench.core import results
+from specbench.core.results import PointSpec
+from specbench.core.summary import mismatch_warning
 
 
 class SweepProgress:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Strict, StrictBool, StrictInt, model_validator
 
-from specbench.validation import check, rule
+from specbench.profile.validation import check, rule
 
 _Positive = Annotated[float, Strict(), check(lambda v: v > 0, "a number > 0")]
 _Share = Annotated[float, Strict(), check(lambda v: 0 < v <= 1, "a number in (0, 1]")]

@@ -29,18 +29,18 @@ from pydantic import (
 )
 
 from specbench.backends import BACKENDS
-from specbench.capacity_spec import CapacitySpec, CostSpec, capacity_problem
-from specbench.server_spec import ServerSpec
+from specbench.profile.capacity import CapacitySpec, CostSpec, capacity_problem
+from specbench.profile.server import ServerSpec
 from specbench.engines import ENGINES
 from specbench.engines.base import SERVER_ONLY_METHODS, EngineError, Speculation, check_schedule
-from specbench.loadmix import levels_of, parse_load_mix
-from specbench.validation import check as _check
-from specbench.validation import converted as _converted
-from specbench.validation import describe
-from specbench.validation import distinct_values as _distinct_values
-from specbench.validation import rule as _rule
-from specbench.validation import show as _show
-from specbench.references import ModelReference, PromptsReference, is_trained_head
+from specbench.core.loadmix import levels_of, parse_load_mix
+from specbench.profile.validation import check as _check
+from specbench.profile.validation import converted as _converted
+from specbench.profile.validation import describe
+from specbench.profile.validation import distinct_values as _distinct_values
+from specbench.profile.validation import rule as _rule
+from specbench.profile.validation import show as _show
+from specbench.profile.references import ModelReference, PromptsReference, is_trained_head
 
 DEFAULT_PROFILE = "profiles/quickstart.toml"
 """Used when no profile is given; relative to the current directory (the project root)."""

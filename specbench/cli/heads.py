@@ -12,13 +12,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from specbench.devices import DeviceError
+from specbench.decoding.devices import DeviceError
 from specbench.heads.distill import QUICK, HeadSettings, copy_head, train_head
-from specbench.heads.render import HeadProgress, print_head_report
-from specbench.models import ModelError
+from specbench.ui.heads import HeadProgress, print_head_report
+from specbench.models.registry import ModelError
 from specbench.models.eagle3 import HeadError
 from specbench.profile import ProfileError, load_profile
-from specbench.workloads import WorkloadError
+from specbench.workloads.prompts import WorkloadError
 
 heads_app = typer.Typer(help="EAGLE-3 draft heads: distil one for a target, in vLLM's format.", no_args_is_help=True)
 

@@ -6,8 +6,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specbench.bench.measure import PROMPTS
-from specbench.bench.summary import NAMES, BenchSummary, Interval, MethodComparison
+from benches.measure import PROMPTS
+from benches.summary import NAMES, BenchSummary, Interval, MethodComparison
 
 HF_NAMES = {"baseline": "HF generate", "ngram": "HF prompt lookup", "draft": "HF assisted generation"}
 UNSTABLE_SPREAD = 0.05  # repeats of one request further apart than this: other processes disturbed the timing

@@ -10,8 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictStr, ValidationInfo, field_validator, model_validator
 
-from specbench.references import base_dir
-from specbench.validation import check, rule, show
+from specbench.profile.references import base_dir
+from specbench.profile.validation import check, rule, show
 
 _Positive = Annotated[float, Strict(), check(lambda v: v > 0, "a number > 0")]
 

@@ -1,0 +1,5 @@
+"""`python -m benches` (`make bench`)."""
+
+from benches.cli import main
+
+main()
