@@ -1,42 +1,38 @@
-"""The profile's [capacity] and [cost] tables: what a capacity search holds and how finely it searches, and the
-price of a replica-hour. Validated where the profile enters (one-line errors naming the key)."""
+"""The profile's [capacity] table: what a capacity search holds and how finely it searches. Validated where the
+profile enters (one-line errors naming the key)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Strict, StrictBool, StrictInt, model_validator
+from pydantic import Strict, StrictBool, model_validator
 
+from specbench.profile.fields import PositiveFloat, PositiveInt, Share, Table
 from specbench.profile.validation import check, rule
 
-_Positive = Annotated[float, Strict(), check(lambda v: v > 0, "a number > 0")]
-_Share = Annotated[float, Strict(), check(lambda v: 0 < v <= 1, "a number in (0, 1]")]
 _Confidence = Annotated[float, Strict(), check(lambda v: 0 < v < 1, "a number in (0, 1), e.g. 0.95")]
-_Count = Annotated[StrictInt, check(lambda v: v >= 1, "an integer >= 1")]
 _Growth = Annotated[float, Strict(), check(lambda v: v > 1, "a number > 1")]
 
 
-class CapacitySpec(BaseModel):
+class CapacitySpec(Table):
     """A capacity search per launch configuration: the highest request rate (and, with `concurrency = true`,
     the highest concurrency) at which at least `attainment` of the requests meet every [slo] limit."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    attainment: _Share = 0.95  # the share of requests that must meet every [slo] limit
+    attainment: Share = 0.95  # the share of requests that must meet every [slo] limit
     confidence: _Confidence = 0.95  # the level of each probe's Wilson interval
-    resolution: _Positive | None = None  # relative: stop once the bracket's ends are within this fraction (0.1)
-    resolution_rps: _Positive | None = None  # or absolute, in requests/s
-    requests: _Count = 16  # per probe
-    max_requests: _Count | None = None  # a probe whose interval straddles the target is repeated with twice the
+    resolution: PositiveFloat | None = None  # relative: stop once the bracket's ends are within this fraction (0.1)
+    resolution_rps: PositiveFloat | None = None  # or absolute, in requests/s
+    requests: PositiveInt = 16  # per probe
+    max_requests: PositiveInt | None = None  # a probe whose interval straddles the target is repeated with twice the
     # requests, up to this (default 4 x requests); then its point estimate decides
-    max_probes: _Count = 12  # per configuration and axis
-    max_time_s: _Positive | None = None  # per configuration and axis: no new probe once its probes took this long
-    start_rps: _Positive | None = None  # the first rate probed (default: 1 / mean e2e at concurrency 1)
-    lowest_rps: _Positive | None = None  # no probe below (default: the start / 4)
-    highest_rps: _Positive | None = None  # no probe above (default: none)
+    max_probes: PositiveInt = 12  # per configuration and axis
+    max_time_s: PositiveFloat | None = None  # per configuration and axis: no new probe once its probes took this long
+    start_rps: PositiveFloat | None = None  # the first rate probed (default: 1 / mean e2e at concurrency 1)
+    lowest_rps: PositiveFloat | None = None  # no probe below (default: the start / 4)
+    highest_rps: PositiveFloat | None = None  # no probe above (default: none)
     growth: _Growth = 2.0  # the factor between probes until the bracket closes (up from a pass, down from a fail)
     concurrency: StrictBool = False  # also the highest concurrency (closed loop), from 1
-    max_concurrency: _Count | None = None  # no concurrency probe above
+    max_concurrency: PositiveInt | None = None  # no concurrency probe above
 
     @model_validator(mode="after")
     def _consistent(self) -> "CapacitySpec":
@@ -67,15 +63,6 @@ class CapacitySpec(BaseModel):
     @property
     def requests_at_most(self) -> int:
         return self.max_requests if self.max_requests is not None else 4 * self.requests
-
-
-class CostSpec(BaseModel):
-    """What one replica costs, and the traffic to size the fleet for."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    usd_per_hour: _Positive | None = None  # the price of one replica (the engine's machine) per hour
-    traffic_rps: _Positive | None = None  # requests/s to serve: replicas needed = ceil(traffic / capacity)
 
 
 def capacity_problem(*, backend: str, slo_limits: dict[str, float], capacity: CapacitySpec | None):

@@ -8,19 +8,15 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictStr, ValidationInfo, field_validator, model_validator
+from pydantic import Field, StrictStr, ValidationInfo, field_validator, model_validator
 
+from specbench.profile.fields import PositiveFloat, Table
 from specbench.profile.references import base_dir
 from specbench.profile.validation import check, rule, show
 
-_Positive = Annotated[float, Strict(), check(lambda v: v > 0, "a number > 0")]
-
-
-class ServerSpec(BaseModel):
+class ServerSpec(Table):
     """How the server backend reaches a serving engine: launch it (engine, optional argv template and
     binary), or attach to one already running (url)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     engine: Literal["llama.cpp", "vllm", "sglang", "openai"]
     command: tuple[StrictStr, ...] | None = None  # argv template: {target} {draft} {host} {port}; never a shell
@@ -28,8 +24,8 @@ class ServerSpec(BaseModel):
     url: StrictStr | None = None
     model: StrictStr | None = None  # the served model name to request (default: the first the server lists)
     ready_timeout_s: Annotated[float, Strict(), check(lambda v: v > 0, "a number > 0")] = 300.0
-    request_timeout_s: _Positive | None = None  # one request, send to last byte (default: 60 s + 1 s per token)
-    point_timeout_s: _Positive | None = None  # one point (default: its requests each using their whole deadline)
+    request_timeout_s: PositiveFloat | None = None  # one request, send to last byte (default: 60 s + 1 s per token)
+    point_timeout_s: PositiveFloat | None = None  # one point (default: its requests each using their whole deadline)
     extra_args: tuple[StrictStr, ...] = ()
     env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     api_key_env: StrictStr | None = None  # the environment variable holding the API key (never the key)

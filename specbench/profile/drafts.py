@@ -1,0 +1,62 @@
+"""The profile's [[drafts]] tables: each proposer swept against the baseline (a draft model, an n-gram lookup, an
+EAGLE-3 or Medusa head, ...), with its own gammas or a gamma per batch size where it needs them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import StrictInt, model_validator
+
+from specbench.engines.base import EngineError, check_schedule
+from specbench.profile.fields import Axis, FolderName, PositiveInt, Quantize, Table
+from specbench.profile.references import ModelReference, is_trained_head
+from specbench.profile.validation import converted, rule
+
+
+DRAFT_MODEL_METHODS = ("draft", "eagle", "eagle3", "medusa")  # need a model: the draft, or the target's heads
+NATIVE_METHODS = ("draft", "ngram", "eagle3")  # what the native backend drafts with (hf: draft and ngram)
+
+
+class DraftSpec(Table):
+    name: FolderName
+    method: Literal["draft", "ngram", "eagle", "eagle3", "mtp", "medusa"]
+    model: ModelReference | None = None
+    quantize: Quantize | None = None
+    ngram_min: PositiveInt = 1
+    ngram_max: PositiveInt = 3
+    # a gamma per batch size, [[first, last, gamma], ...] from batch size 1 (gamma 0: no drafting there), instead of
+    # the sweep's gammas: vLLM's num_speculative_tokens_per_batch_size, as `specbench tune` recommends it under load
+    gamma_schedule: Annotated[tuple[tuple[StrictInt, ...], ...], converted(check_schedule, EngineError)] | None = None
+    # this draft's gammas instead of sweep.gamma (e.g. an n-gram lookup that needs gamma >= its n-gram size on
+    # llama.cpp, beside a head swept from 1)
+    gamma: Annotated[tuple[PositiveInt, ...], Axis] | None = None
+
+    @model_validator(mode="after")
+    def _fits_method(self) -> "DraftSpec":
+        if self.gamma is not None and self.gamma_schedule is not None:
+            raise rule("gamma_schedule already sets this draft's gammas (remove gamma)", at=("gamma",))
+        if self.model is not None and is_trained_head(self.model) and self.method != "eagle3":
+            raise rule(f'trained:... is an EAGLE-3 head: set method = "eagle3", or a draft model for '
+                        f'method "{self.method}"', at=("model",))
+        if self.method != "ngram":
+            if self.model is None and self.method in DRAFT_MODEL_METHODS:
+                raise rule(
+                    f'required for method "{self.method}" (set model = "builtin:..." or a hub id/path)',
+                    at=("model",),
+                )
+            for key in ("ngram_min", "ngram_max"):
+                if key in self.model_fields_set:
+                    raise rule(f'not used by method "{self.method}" (remove it)', at=(key,))
+        else:
+            for key in ("model", "quantize"):
+                if getattr(self, key) is not None:
+                    raise rule(
+                        'not used by method "ngram" (remove it, or set method = "draft")',
+                        at=(key,),
+                    )
+            if self.ngram_min > self.ngram_max:
+                raise rule(
+                    f"must be <= ngram_max = {self.ngram_max} (got {self.ngram_min})",
+                    at=("ngram_min",),
+                )
+        return self
