@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.core.results import CAPACITY_FILE
+from specbench.capacity.document import CAPACITY_FILE
 
 DEFAULT_PROFILE = "profiles/vllm-cpu-capacity.toml"
 

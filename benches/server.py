@@ -45,7 +45,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from specbench.backends.server import BACKEND
+from specbench.backends.server.backend import BACKEND
 from specbench.models.load import hf_folder
 from specbench.profile import ProfileError, profile_from_dict
 from specbench.core.results import PointSpec

@@ -26,7 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from specbench.backends.server import BACKEND, client
+from specbench.backends.server import client
+from specbench.backends.server.backend import BACKEND
 from benches.server import DEFAULT_PYTHON, MODEL, VLLM_ARGS, VLLM_ENV, Quiet, vllm_bench
 from specbench.workloads.datasets import fetch_dataset
 from specbench.models.load import hf_folder

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from specbench.core import results, stats, summary
+from specbench.core import stats, summary
 from benches.measure import ENGINE, Measurement
 from specbench.core.results import PointSpec
 

@@ -27,8 +27,9 @@ def tune(profile=None, *, out=None, replay=None, device: str | None = None, max_
 
     from specbench.profile import Profile, load_profile, with_overrides
     from specbench.core.results import default_out_dir
-    from specbench.tune import TuneSettings, parse_objective
-    from specbench.tune import tune as run_tune
+    from specbench.tune.plan import TuneSettings
+    from specbench.tune.objectives import parse_objective
+    from specbench.tune.runner import tune as run_tune
 
     loaded = None
     if profile is not None:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specbench.backends.server import BACKEND
+from specbench.backends.server.backend import BACKEND
 from specbench.backends.server.client import arrival_times
 from benches.server import (LATENCY_GROWTH_LIMIT, MODEL, RateLevel, bench_profile, latency_growth, parse_args,
                                     rate_cells, rate_finding, render_rates, specbench_level, specbench_rate, vllm_level)

@@ -15,7 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 import specbench.sweep.context
-from specbench.backends.server import launch_key
+from specbench.capacity.sentence import number, percent_change
+from specbench.backends.server.backend import launch_key
 from specbench.backends.server.client import arrival_times
 from specbench.backends.server.measure import request_plan
 from specbench.cli import app
@@ -188,9 +189,11 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
     manifest = json.loads((folder / "out" / "manifest.json").read_text())
     assert manifest["capacity"][0]["decisions"][0] == "1: 16 requests, 16 met: pass; next 2 requests/s"
     assert "baseline: 1 requests/s: attainment 1.00 [0.81, 1.00] of 16 >= 0.8: pass; next 2 requests/s" in result.output
-    assert (f"ngram γ3 holds the SLO up to {ngram['capacity']:g} requests/s [{ngram['bracket_low']:g}, "
-            f"{ngram['bracket_high']:g}] against the baseline's 1.3: {ngram['gain_vs_baseline']:+.0%}, $") in result.output
-    assert "per 1M output tokens" in result.output and "replicas for 5 requests/s" in result.output
+    assert (f"ngram γ3 holds the SLO up to {number(ngram['capacity'])} requests/s [{number(ngram['bracket_low'])}, "
+            f"{number(ngram['bracket_high'])}] against the baseline's {number(baseline['capacity'])} "
+            f"[{number(baseline['bracket_low'])}, {number(baseline['bracket_high'])}]: "
+            f"{percent_change(ngram['gain_vs_baseline'])}, $") in result.output
+    assert "per 1M output tokens" in result.output and "replicas for 5.0 requests/s" in result.output
 
     engine.points.clear()  # the same search again: every probe is reused from the files, nothing runs
     again = run(monkeypatch, engine)
@@ -235,7 +238,8 @@ def test_a_configuration_that_misses_the_slo_at_its_lowest_rate_is_recorded_and_
     assert entry["capacity"] is None and entry["gain_vs_baseline"] is None and entry["bracket_high"] == 0.25
     assert found["ngram γ3", "concurrency"]["status"] == "not bracketed: misses the SLO at its lowest concurrency 1"
     assert found["baseline", "request_rate"]["status"] == "found"
-    assert "ngram γ3 (request rate): not bracketed: misses the SLO at its lowest rate 0.25" in result.output
+    assert ("ngram γ3: no request-rate capacity found (not bracketed: misses the SLO at its lowest rate 0.25)"
+            in result.output)
 
 
 def test_a_probe_whose_point_fails_is_a_failing_probe_and_a_search_with_nothing_measured_fails(folder, monkeypatch):
@@ -289,6 +293,7 @@ def test_a_price_from_the_command_line_is_checked_like_the_profiles(folder):
 
 
 def test_the_headline_says_when_a_gain_lies_within_the_brackets():
+    from specbench.capacity.document import document_from_dict
     from specbench.ui.run import capacity_lines
 
     def entry(name, method, low, high, beyond=None, gain=None):
@@ -298,14 +303,16 @@ def test_the_headline_says_when_a_gain_lies_within_the_brackets():
                 "usd_per_mtok_change_vs_baseline": None if method == "baseline" else -0.057,
                 "replicas_for_traffic": 8, "note": None}
 
-    document = {"target_attainment": 0.9, "slo": {"ttft_ms": 1000.0, "tpot_ms": 100.0}, "traffic_rps": 10.0,
-                "configurations": [entry("baseline", "baseline", 1.32, 1.44),
-                                   entry("ngram γ3", "ngram", 1.4, 1.54, beyond=False, gain=0.0606)]}
+    document = document_from_dict({
+        "target_attainment": 0.9, "slo": {"ttft_ms": 1000.0, "tpot_ms": 100.0}, "traffic_rps": 10.0, "usd_per_hour": 2.0,
+        "configurations": [entry("baseline", "baseline", 1.32, 1.44),
+                           entry("ngram γ3", "ngram", 1.4, 1.54, beyond=False, gain=0.0606)]})
     assert capacity_lines(document) == [
         "capacity: the highest load at which 90% of requests meet ttft_ms <= 1000, tpot_ms <= 100 [bracket: highest "
         "passing probe, lowest failing one]",
         "temperature 0",
         "  baseline holds the SLO up to 1.32 requests/s [1.32, 1.44]: $0.58 per 1M output tokens at capacity; 8 "
-        "replicas for 10 requests/s",
-        "  ngram γ3 holds the SLO up to 1.4 requests/s [1.4, 1.54] against the baseline's 1.32: +6% (within the "
-        "brackets: not measurably different), $0.58 → $0.547 per 1M output tokens (-6%); 8 replicas for 10 requests/s"]
+        "replicas for 10.0 requests/s",
+        "  ngram γ3 holds the SLO up to 1.4 requests/s [1.4, 1.54] against the baseline's 1.32 [1.32, 1.44]: +6 % "
+        "(within the brackets: not measurably different), $0.58 → $0.55 per 1M output tokens (-6 %); 8 replicas for "
+        "10.0 requests/s against 8"]

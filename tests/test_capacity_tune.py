@@ -62,12 +62,13 @@ def test_the_recommendation_panel_says_the_capacity_and_cost_beside_the_baseline
     capacity = {"capacity_rps": 1.68, "bracket": [1.68, 1.83], "status": "found", "baseline_capacity_rps": 1.3,
                 "baseline_bracket": [1.3, 1.41], "baseline_status": "found", "gain_vs_baseline": 0.2923,
                 "usd_per_mtok_at_capacity": 12.93, "baseline_usd_per_mtok_at_capacity": 16.33,
-                "replicas_for_traffic": 3, "baseline_replicas_for_traffic": 4, "traffic_rps": 5.0}
+                "replicas_for_traffic": 3, "baseline_replicas_for_traffic": 4, "traffic_rps": 5.0, "usd_per_hour": 2.5}
     choice = {"temperature": 0.0, "top_p": 1.0, "speculate": True, "point_id": "ngram-n2-g3-t0-p1", "speedup": None,
               "speedup_ci": [None, None], "tokens_per_s": 77.4, "acceptance_rate": None, "peak_memory_mb": None,
               "engine_settings": {"vllm": {"args": []}, "llama_cpp": {}}, "capacity": capacity, "evaluations": 3,
               "trials": 3}
     console = Console(width=200, record=True)
     console.print(recommendation_panel({"temperatures": [choice], "space_size": 3, "objective": {"name": "capacity"}}))
-    assert ("capacity 1.68 requests/s [1.68, 1.83] against the baseline's 1.3 [1.3, 1.41]: +29%; $16.3 → $12.9 per 1M "
-            "output tokens; 3 replicas for 5 requests/s (baseline 4)") in console.export_text()
+    assert ("ngram-n2-g3-t0-p1 holds the SLO up to 1.68 requests/s [1.68, 1.83] against the baseline's 1.3 [1.3, 1.41]: "
+            "+29 %, $16.33 → $12.93 per 1M output tokens; 3 replicas for 5.0 requests/s against 4"
+            ) in " ".join(console.export_text().split())

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from specbench.backends.inprocess import load_models
 from specbench.cli import app
-from specbench.heads import HeadSettings, train_head
+from specbench.heads.distill import train_head
+from specbench.heads.settings import HeadSettings
 from specbench.models.eagle3 import load_head
 from specbench.profile import ProfileError, load_profile
 from specbench.sweep import run_profile

@@ -1,15 +1,43 @@
-"""The package's structure: no import cycle inside specbench at import time, no module reaching into another
-module's private (underscore) names, `run` independent of `tune`, and modules that stay small."""
+"""The package's structure: one package per feature in layers that import only downward, no import cycle at import
+time, no module reaching into another module's private (underscore) names, light `__init__`s, rich only in the
+terminal output, no torch where a result is read or a profile checked, and modules that stay small."""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).parents[1] / "specbench"
+FIXTURES = Path(__file__).parent / "fixtures"
 MAX_LINES = 450  # "under ~400 lines", with a little slack
+
+# The feature packages from the bottom up: a package imports only packages on lower lines (a type named in an
+# annotation under `if TYPE_CHECKING:` is no import). Packages on one line do not import each other.
+LAYERS = (
+    ("core",),  # results, traces, statistics, summaries, predictions, cost, errors: no torch
+    ("models", "engines", "capacity"),  # model references and loading; serving engines' flags; the capacity search
+    ("workloads",),  # prompt sets, datasets, what is sent
+    ("profile",),  # the profile schema, one module per TOML table
+    ("decoding",),  # speculative decoding in this process
+    ("heads",),  # EAGLE-3 heads distilled here
+    ("backends",),  # how a point runs: native, hf, server
+    ("scaleout",),  # processes sharing a run or tune through an Optuna storage
+    ("sweep",),  # `specbench run`
+    ("tune",),  # `specbench tune`
+    ("report",),  # `specbench report`
+    ("ui",),  # live progress and end-of-command summaries
+    ("cli",),  # one module per command
+)
+LEVEL = {package: level for level, packages in enumerate(LAYERS) for package in packages}
+HEAVY = ("torch", "transformers")
+# what may be imported with no torch: the core, the profile, `specbench report` and `specbench --help`
+TORCH_FREE = ("specbench.core", "specbench.profile", "specbench.report", "specbench.ui.run", "specbench.ui.tune",
+              "specbench.cli")
 
 
 def module_name(path: Path) -> str:
@@ -18,6 +46,7 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
 
 
 def is_type_checking(node: ast.If) -> bool:
@@ -26,17 +55,22 @@ def is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """Imports run when the module is imported: not inside functions, classes or `if TYPE_CHECKING:`."""
+def imports_in(tree: ast.Module, *, top_level_only: bool) -> list[ast.Import | ast.ImportFrom]:
+    """Imports that run: at import time only (not inside functions or classes), or anywhere; never those under
+    `if TYPE_CHECKING:`."""
     found, todo = [], list(tree.body)
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
-        elif isinstance(node, ast.If) and not is_type_checking(node):
-            todo += node.body + node.orelse
-        elif isinstance(node, ast.Try):
-            todo += node.body + node.orelse + node.finalbody + [n for h in node.handlers for n in h.body]
+        elif isinstance(node, ast.If) and is_type_checking(node):
+            todo += node.orelse
+        elif top_level_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        elif top_level_only and not isinstance(node, (ast.If, ast.Try, ast.ExceptHandler)):
+            continue
+        else:
+            todo += list(ast.iter_child_nodes(node))
     return found
 
 
@@ -47,9 +81,6 @@ def imported_modules(name: str, node: ast.Import | ast.ImportFrom) -> set[str]:
         targets = {alias.name for alias in node.names}
     else:
         base = node.module or ""
-        if node.level:
-            package = name.split(".")[: len(name.split(".")) - node.level + (name in _packages())]
-            base = ".".join(package + ([node.module] if node.module else []))
         targets = {base} | {f"{base}.{alias.name}" for alias in node.names}
     found = set()
     for target in targets:
@@ -64,16 +95,19 @@ def imported_modules(name: str, node: ast.Import | ast.ImportFrom) -> set[str]:
     return found
 
 
-def _packages() -> set[str]:
-    return {name for name, path in MODULES.items() if path.name == "__init__.py"}
+def import_graph(*, top_level_only: bool = True) -> dict[str, set[str]]:
+    return {name: {t for node in imports_in(tree, top_level_only=top_level_only)
+                   for t in imported_modules(name, node)} - {name}
+            for name, tree in TREES.items()}
 
 
-def import_graph() -> dict[str, set[str]]:
-    graph = {}
-    for name, path in MODULES.items():
-        tree = ast.parse(path.read_text())
-        graph[name] = {t for node in top_level_imports(tree) for t in imported_modules(name, node)} - {name}
-    return graph
+def third_party(tree: ast.Module) -> set[str]:
+    """Top-level names of the non-specbench packages a module imports at import time."""
+    names = set()
+    for node in imports_in(tree, top_level_only=True):
+        modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        names |= {module.split(".")[0] for module in modules if not module.startswith("specbench") and module}
+    return names
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -98,15 +132,6 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycle_inside_specbench():
-    assert find_cycle(import_graph()) is None
-
-
-def test_the_cycle_finder_finds_a_cycle():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": set()}) is None
-
-
 def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     seen, todo = set(), [start]
     while todo:
@@ -118,6 +143,45 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
+def feature(name: str) -> str | None:
+    """The feature package a module belongs to (None for the root package)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`a -> b` for every import of a package on the same level or above."""
+    return sorted(f"{name} -> {target}" for name, targets in graph.items() for target in targets
+                  if feature(name) and feature(target) and feature(name) != feature(target)
+                  and LEVEL[feature(target)] >= LEVEL[feature(name)])
+
+
+def test_every_package_has_a_layer():
+    packages = {feature(name) for name, path in MODULES.items() if path.name == "__init__.py"} - {None}
+    assert packages == set(LEVEL)
+    assert {feature(name) for name in MODULES} - {None} == set(LEVEL)  # no flat module beside the packages
+
+
+def test_imports_go_only_downward_between_feature_packages():
+    assert upward_imports(import_graph(top_level_only=False)) == []
+
+
+def test_the_layer_check_sees_an_upward_and_a_sideways_import():
+    graph = {"specbench.core.results": {"specbench.sweep.loop"}, "specbench.models.load": {"specbench.engines"},
+             "specbench.sweep.loop": {"specbench.core.results", "specbench.sweep.files"}}
+    assert upward_imports(graph) == ["specbench.core.results -> specbench.sweep.loop",
+                                     "specbench.models.load -> specbench.engines"]
+
+
+def test_no_import_cycle_inside_specbench():
+    assert find_cycle(import_graph()) is None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
 @pytest.mark.parametrize("package", ["specbench.sweep", "specbench.scaleout", "specbench.backends"])
 def test_run_and_scale_out_do_not_import_tune_or_report(package):
     graph = import_graph()
@@ -125,6 +189,60 @@ def test_run_and_scale_out_do_not_import_tune_or_report(package):
     leaked = {m: sorted(t for t in reachable(graph, m) if t.startswith(("specbench.tune", "specbench.report")))
               for m in modules}
     assert not {m: t for m, t in leaked.items() if t}
+
+
+def heavy_at_import(name: str, graph: dict[str, set[str]]) -> list[str]:
+    """The modules importing `name` loads (itself included) that import torch or transformers at import time."""
+    return sorted(m for m in reachable(graph, name) | {name} if third_party(TREES[m]) & set(HEAVY))
+
+
+def test_the_core_profile_report_and_cli_import_no_torch():
+    graph = import_graph()
+    roots = [name for name in MODULES if name.startswith(TORCH_FREE)]
+    assert {root: heavy_at_import(root, graph) for root in roots if heavy_at_import(root, graph)} == {}
+
+
+def test_every_package_init_is_light():
+    """An __init__ imports nothing heavy (torch, transformers, Optuna), directly or through what it imports."""
+    graph = import_graph()
+    inits = [name for name, path in MODULES.items() if path.name == "__init__.py"]
+    heavy = {name: sorted(m for m in reachable(graph, name) | {name} if third_party(TREES[m]) & {*HEAVY, "optuna"})
+             for name in inits}
+    assert {name: found for name, found in heavy.items() if found} == {}
+
+
+def test_rich_is_imported_only_by_the_terminal_output():
+    importers = sorted(name for name, tree in TREES.items() if "rich" in {
+        (alias.name if isinstance(node, ast.Import) else node.module or "").split(".")[0]
+        for node in imports_in(tree, top_level_only=False) for alias in node.names})
+    assert [name for name in importers if not name.startswith(("specbench.ui.", "specbench.report.terminal"))] == []
+
+
+CHECK = """
+import contextlib, io, json, sys
+from typer.testing import CliRunner
+from specbench.cli import app
+from specbench.profile import load_profile
+runner = CliRunner()
+results = [runner.invoke(app, ["--help"]).exit_code]
+results += [runner.invoke(app, [command, "--help"]).exit_code for command in ("run", "tune", "report", "models")]
+for path in sys.argv[2:]:
+    load_profile(path)
+results.append(runner.invoke(app, ["report", sys.argv[1]]).exit_code)
+results.append(runner.invoke(app, ["report", sys.argv[1], "--format", "md"]).exit_code)
+print(json.dumps({"exit_codes": results, "loaded": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
+"""
+
+
+def test_help_profile_validation_and_a_report_load_no_torch():
+    """Measured in a fresh process: `specbench --help` and each command's, every shipped profile validated, and
+    `specbench report` of the quickstart's results in the terminal and as Markdown leave no torch in sys.modules."""
+    profiles = sorted(str(path) for path in (ROOT.parent / "profiles").glob("*.toml"))
+    result = subprocess.run([sys.executable, "-c", CHECK, str(FIXTURES / "quickstart"), *profiles],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT.parent)
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found == {"exit_codes": [0] * 7, "loaded": []}
 
 
 def private_uses(name: str, tree: ast.Module) -> list[str]:
@@ -150,13 +268,15 @@ def private_uses(name: str, tree: ast.Module) -> list[str]:
 
 
 def test_no_module_uses_another_modules_private_names():
-    uses = [use for name, path in MODULES.items() for use in private_uses(name, ast.parse(path.read_text()))]
+    uses = [use for name, tree in TREES.items() for use in private_uses(name, tree)]
     assert uses == []
 
 
 def test_the_private_name_check_sees_both_forms():
-    tree = ast.parse("from specbench.core.results import _metrics\nfrom specbench.core import results\nresults._alpha(1)\n")
-    assert private_uses("x", tree) == ["x: from specbench.core.results import _metrics", "x: specbench.core.results._alpha"]
+    tree = ast.parse("from specbench.core.results import _metrics\nfrom specbench.core import results\n"
+                     "results._alpha(1)\n")
+    assert private_uses("x", tree) == ["x: from specbench.core.results import _metrics",
+                                       "x: specbench.core.results._alpha"]
 
 
 def test_modules_stay_small():

@@ -28,7 +28,6 @@ import specbench.models.gguf
 import specbench.models.load
 import specbench.models.pypi
 from specbench.models.pypi import PackageError
-from specbench import models
 from specbench.models.registry import (BUILTIN_MODELS, BuiltinModel, ModelError, WheelPart, builtin_gguf_path,
     builtin_name, builtin_ref, cache_dir, is_builtin)
 from specbench.models.load import (ModelSource, check_same_vocabulary, hf_folder, load_model, load_tokenizer,
@@ -331,18 +330,18 @@ def test_gguf_sha256_is_remembered_until_the_file_changes(tmp_path: Path, monkey
     hashed = []
     real_sha256 = specbench.models.gguf._sha256_file
     monkeypatch.setattr(specbench.models.gguf, "_sha256_file", lambda p: hashed.append(p) or real_sha256(p))
-    assert models.gguf_sha256(path) == hashlib.sha256(b"one").hexdigest()
-    assert models.gguf_sha256(path) == hashlib.sha256(b"one").hexdigest()
+    assert specbench.models.gguf.gguf_sha256(path) == hashlib.sha256(b"one").hexdigest()
+    assert specbench.models.gguf.gguf_sha256(path) == hashlib.sha256(b"one").hexdigest()
     assert len(hashed) == 1
     path.write_bytes(b"two!")
-    assert models.gguf_sha256(path) == hashlib.sha256(b"two!").hexdigest()
+    assert specbench.models.gguf.gguf_sha256(path) == hashlib.sha256(b"two!").hexdigest()
     assert len(hashed) == 2
 
 
 def test_save_dequantized_keeps_tied_embeddings_and_logits(tmp_path: Path) -> None:
     model = make_llama()
     model.config.quantization_config = {"quant_method": "gguf"}  # what a GGUF load leaves behind
-    models.save_dequantized(model, make_tokenizer(WORDS), tmp_path / "out")
+    specbench.models.gguf.save_dequantized(model, make_tokenizer(WORDS), tmp_path / "out")
     assert "quantization_config" not in (tmp_path / "out" / "config.json").read_text()
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
     assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()
@@ -409,8 +408,8 @@ def test_folder_identity_is_stable_and_follows_the_weights(tmp_path: Path) -> No
     first = save_tiny_folder(tmp_path / "first", seed=0)
     same = save_tiny_folder(tmp_path / "same", seed=0)
     other = save_tiny_folder(tmp_path / "other", seed=1)
-    assert models.folder_identity(first) == models.folder_identity(same)
-    assert models.folder_identity(first) != models.folder_identity(other)
+    assert specbench.models.load.folder_identity(first) == specbench.models.load.folder_identity(same)
+    assert specbench.models.load.folder_identity(first) != specbench.models.load.folder_identity(other)
 
 
 def test_int8_quantizes_every_linear_without_warnings(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from specbench.capacity.document import document_from_dict
 from specbench.report import Format, build_report, render
 from specbench.report.capacity import capacity_report, groups
 from specbench.report.load_plots import capacity_figure
@@ -71,13 +72,13 @@ DOCUMENT = {
                       status="not bracketed: meets it at the highest rate probed 4", usd=0.2),
     ],
 }
-HEADLINES_T0 = [
-    "ngram γ3 holds the SLO up to 1.3 requests/s against the baseline's 1.0: +30 %, $0.52 → $0.40 per 1M output "
-    "tokens; 4 replicas for 5.0 requests/s against 5",
-    "self γ1: no capacity found (not bracketed: misses the SLO at its lowest rate 0.5)",
+HEADLINES_T0 = [  # the sentence `specbench run` and `specbench tune` print too (specbench.capacity.sentence)
+    "ngram γ3 holds the SLO up to 1.3 requests/s [1.3, 1.4] against the baseline's 1.0 [1.0, 1.1]: +30 %, $0.52 → "
+    "$0.40 per 1M output tokens (-23 %); 4 replicas for 5.0 requests/s against 5 (stopped at the probe limit)",
+    "self γ1: no request-rate capacity found (not bracketed: misses the SLO at its lowest rate 0.5)",
 ]
-HEADLINES_T08 = ["ngram γ3 holds the SLO up to at least 4.0 requests/s against the baseline's 0.9: $0.60 → $0.20 "
-                 "per 1M output tokens (not bracketed: meets it at the highest rate probed 4)"]
+HEADLINES_T08 = ["ngram γ3 holds the SLO up to at least 4.0 requests/s against the baseline's 0.9 [0.9, 1.0]: $0.60 → "
+                 "$0.20 per 1M output tokens (not bracketed: meets it at the highest rate probed 4)"]
 TABLE_T0 = [
     "| configuration | capacity [bracket] | met at low end | met at high end | gain | $/1M tokens | cost change "
     "| replicas | status |",
@@ -94,6 +95,15 @@ CAPTION = ("Capacity: the highest request rate at which at least 95% of requests
            "probe (the probes list every one); searched to within 10% of the load. Gain: capacity over the "
            "baseline's. $/1M tokens: the cost of 1M output tokens at capacity, at $2.5 per replica-hour; replicas: "
            "how many serve 5.0 requests/s at capacity.")
+
+
+def as_written(found, written):
+    """`found` cut to the keys `written` has (the typed document adds the keys a file left out, as None)."""
+    if isinstance(written, dict):
+        return {key: as_written(found[key], value) for key, value in written.items()}
+    if isinstance(written, list) and len(found) == len(written):
+        return [as_written(f, w) for f, w in zip(found, written)]
+    return found
 
 
 def write_capacity_run(folder: Path, document: dict = DOCUMENT) -> Path:
@@ -133,7 +143,8 @@ def test_the_headline_per_speculative_configuration_in_every_format(capacity_run
     document = json.loads(render(report, Format.json))["capacity"]
     assert [entry["run"] for entry in document] == ["capacity"]
     assert document[0]["headlines"] == HEADLINES_T0 + HEADLINES_T08
-    assert document[0]["configurations"] == DOCUMENT["configurations"]  # as written, every probe included
+    written = json.loads(json.dumps(DOCUMENT["configurations"]))  # every key as written, every probe included
+    assert as_written(document[0]["configurations"], written) == written
     assert {key: document[0][key] for key in ("target_attainment", "slo", "usd_per_hour", "traffic_rps")} == {
         "target_attainment": 0.95, "slo": SLO, "usd_per_hour": 2.5, "traffic_rps": 5.0}
     lines = [" ".join(line.split()) for line in report_cli(capacity_run).stdout.splitlines()]
@@ -150,13 +161,14 @@ def test_the_headline_per_speculative_configuration_in_every_format(capacity_run
 
 def test_without_a_price_or_traffic_the_cost_and_the_replicas_are_left_out(tmp_path):
     document = {**copy.deepcopy(DOCUMENT), "usd_per_hour": None, "traffic_rps": None}
-    report = capacity_report(document)
+    report = capacity_report(document_from_dict(document))
     markdown = render(build_report([write_capacity_run(tmp_path / "free", document)]), Format.md)
     table = markdown_tables(markdown)["Capacity and cost, temperature 0"]
     assert table[0] == "| configuration | capacity [bracket] | met at low end | met at high end | gain | status |"
     assert table[3] == ("| ngram γ3 | 1.3 requests/s [1.3, 1.4] | 98% [87%, 100%] | 85% [71%, 93%] | +30 % "
                         "| found (stopped at the probe limit) |")
-    assert "- ngram γ3 holds the SLO up to 1.3 requests/s against the baseline's 1.0: +30 %\n" in markdown
+    assert ("- ngram γ3 holds the SLO up to 1.3 requests/s [1.3, 1.4] against the baseline's 1.0 [1.0, 1.1]: +30 % "
+            "(stopped at the probe limit)\n") in markdown
     section = markdown[markdown.index("### Capacity and cost"):markdown.index("### Workload")]
     assert report.usd_per_hour is None and "$" not in section and "replicas" not in section
     assert section.endswith("searched to within 10% of the load. Gain: capacity over the baseline's.\n\n"
@@ -171,7 +183,7 @@ def test_a_search_over_concurrency_names_concurrency_levels(tmp_path):
         configuration("ngram γ3", 0.0, capacity=6, bracket=(6, 7), attainment=([1.0, 0.9, 1.0], [0.7, 0.55, 0.82]),
                       axis="concurrency", gain=0.5)]}
     markdown = render(build_report([write_capacity_run(tmp_path / "closed", document)]), Format.md)
-    assert "- ngram γ3 holds the SLO up to concurrency 6 against the baseline's 4: +50 %\n" in markdown
+    assert "- ngram γ3 holds the SLO up to concurrency 6 [6, 7] against the baseline's 4 [4, 5]: +50 %\n" in markdown
     rows = markdown_tables(markdown)["Capacity and cost, temperature 0"]
     assert rows[2].startswith("| baseline | concurrency 4 [4, 5] |")
     assert "Capacity: the highest concurrency at which at least 95% of requests" in markdown
@@ -198,10 +210,10 @@ def test_a_search_on_both_axes_has_a_section_per_axis_each_against_its_own_basel
                           "| ngram γ3 | concurrency 5 [5, 6] | 100% [81%, 100%] | - | +67 % | $5.21 | -33 % | found |"]
     assert opened[2] == "| baseline | 1.3 requests/s [1.3, 1.41] | 100% [81%, 100%] | - | - | $16.33 | - | found |"
     assert markdown.index("by concurrency") < markdown.index("by request rate")
-    assert ("- ngram γ3 holds the SLO up to concurrency 5 against the baseline's 3: +67 %, $7.81 → $5.21 per 1M "
-            "output tokens\n") in markdown
-    assert ("- ngram γ3 holds the SLO up to 1.68 requests/s against the baseline's 1.3: +29 %, $16.33 → $12.93 per "
-            "1M output tokens\n") in markdown
+    assert ("- ngram γ3 holds the SLO up to concurrency 5 [5, 6] against the baseline's 3 [3, 4]: +67 %, $7.81 → "
+            "$5.21 per 1M output tokens (-33 %)\n") in markdown
+    assert ("- ngram γ3 holds the SLO up to 1.68 requests/s [1.68, 1.83] against the baseline's 1.3 [1.3, 1.41]: "
+            "+29 %, $16.33 → $12.93 per 1M output tokens (-21 %)\n") in markdown
     assert "Capacity: the highest concurrency at which" in markdown
     assert "Capacity: the highest request rate at which" in markdown
 
@@ -227,7 +239,7 @@ def test_the_probes_behind_each_capacity_are_listed_in_the_order_they_ran(capaci
 
 
 def test_the_plot_has_attainment_with_its_ci_and_goodput_per_configuration_the_target_and_each_capacity():
-    report = capacity_report(DOCUMENT)
+    report = capacity_report(document_from_dict(DOCUMENT))
     greedy, sampled = groups(report)
     attainment, goodput = capacity_figure(report, greedy).axes
     assert attainment.get_title() == goodput.get_title() == "temperature 0"
@@ -266,10 +278,10 @@ def test_filters_on_a_configuration_key_keep_the_baseline(capacity_run):
     report = build_report([capacity_run], filters=["draft=self", "temperature=0"])
     capacity = report.runs[0].capacity
     assert list(capacity.configurations["configuration"]) == ["baseline", "self γ1", "baseline"]
-    assert [entry["configuration"] for entry in capacity.entries] == ["baseline", "self γ1", "baseline"]
+    assert [entry.configuration for entry in capacity.entries] == ["baseline", "self γ1", "baseline"]
     assert set(capacity.probes["configuration"]) == {"baseline", "self γ1"}
     markdown = render(report, Format.md)
-    assert "ngram γ3 holds" not in markdown and "- self γ1: no capacity found" in markdown
+    assert "ngram γ3 holds" not in markdown and "- self γ1: no request-rate capacity found" in markdown
     assert len(build_report([capacity_run], filters=["concurrency=4"]).runs[0].capacity.configurations) == 5
 
 

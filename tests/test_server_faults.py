@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from specbench.backends.server import BACKEND
+from specbench.backends.server.backend import BACKEND
 from specbench.backends.server.process import start_time
 from specbench.cli import app
 from specbench.models.load import resolve_model

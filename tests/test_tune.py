@@ -16,7 +16,9 @@ from typer.testing import CliRunner
 
 from specbench.core import stats
 from specbench.cli import app
-from specbench.tune import TuneSettings, parse_objective, tune
+from specbench.tune.plan import TuneSettings
+from specbench.tune.objectives import parse_objective
+from specbench.tune.runner import tune
 from specbench.tune import evaluate
 from specbench.tune.propose import Proposal, propose
 from specbench.tune.space import Config, space_from_profile

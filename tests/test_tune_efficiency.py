@@ -9,7 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specbench.tune import TuneSettings, parse_objective, tune
+from specbench.tune.plan import TuneSettings
+from specbench.tune.objectives import parse_objective
+from specbench.tune.runner import tune
 from specbench.tune.evaluate import Replay
 from specbench.tune.measure import measure
 from specbench.sweep.plan import temperature_groups

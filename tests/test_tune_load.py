@@ -25,7 +25,9 @@ from specbench.core.trace import StepRecord, Trace
 from specbench.profile import ProfileError, dump_profile, load_profile, profile_from_dict
 from specbench.core.summary import summarize
 from specbench.sweep.plan import plan_points
-from specbench.tune import TuneError, TuneSettings, parse_objective, tune
+from specbench.tune.objectives import TuneError, parse_objective
+from specbench.tune.plan import TuneSettings
+from specbench.tune.runner import tune
 from specbench.workloads.prompts import Prompt
 
 KNEE = 4  # tokens a forward pass verifies at the cost of one

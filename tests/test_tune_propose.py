@@ -16,7 +16,9 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.profile import dump_profile, profile_from_dict
-from specbench.tune import TuneSettings, parse_objective, tune
+from specbench.tune.plan import TuneSettings
+from specbench.tune.objectives import parse_objective
+from specbench.tune.runner import tune
 
 GRID = Path(__file__).parent / "fixtures" / "synthetic-grid"
 

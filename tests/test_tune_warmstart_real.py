@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from specbench.tune import TuneSettings, parse_objective, tune
+from specbench.tune.plan import TuneSettings
+from specbench.tune.objectives import parse_objective
+from specbench.tune.runner import tune
 from test_tune_efficiency import grid_objectives
 import test_tune_efficiency
 

@@ -4,7 +4,8 @@
 - hf: transformers' generate (assisted generation, prompt lookup) as the reference;
 - server: a serving engine (vLLM, SGLang, llama.cpp) launched or attached, measured over HTTP under load.
 
-A new backend is a module here and an entry in BACKENDS; the profile key `backend` accepts its name.
+A new backend is a module here, an entry in BACKENDS and its name in BACKEND_NAMES (specbench.profile.schema),
+which the profile key `backend` accepts.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import importlib
 
 from specbench.backends.base import AfterPrompt, Backend, Observer, OnRequest, Session
 
-BACKENDS: dict[str, str] = {
+BACKENDS: dict[str, str] = {  # name (one of the profile's BACKEND_NAMES) -> the module holding its BACKEND
     "native": "specbench.backends.native",
     "hf": "specbench.backends.hf",
-    "server": "specbench.backends.server",
+    "server": "specbench.backends.server.backend",
 }
 
 

@@ -9,26 +9,17 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-from specbench.decoding.devices import DeviceError
-from specbench.heads.distill import QUICK, HeadSettings, copy_head, train_head
+from specbench.cli.common import fail
+from specbench.ui.console import console, print_note
+from specbench.core.errors import OneLineError
+from specbench.heads.settings import QUICK, HeadSettings
+from specbench.profile import load_profile
 from specbench.ui.heads import HeadProgress, print_head_report
-from specbench.models.registry import ModelError
-from specbench.models.eagle3 import HeadError
-from specbench.profile import ProfileError, load_profile
-from specbench.workloads.prompts import WorkloadError
 
 heads_app = typer.Typer(help="EAGLE-3 draft heads: distil one for a target, in vLLM's format.", no_args_is_help=True)
 
-BAD_INPUT = (ProfileError, ModelError, HeadError, WorkloadError, DeviceError)
 DEFAULTS = HeadSettings()
-
-
-def _fail(message: str) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def _model_reference(reference: str) -> str:
@@ -38,7 +29,7 @@ def _model_reference(reference: str) -> str:
     if not (reference.startswith((".", "/", "~")) or reference.endswith(".gguf") or path.is_dir()):
         return reference
     if not path.exists():
-        _fail(f"--target: not found: {path.resolve()}")
+        fail(f"--target: not found: {path.resolve()}")
     return str(path.resolve())
 
 
@@ -64,10 +55,12 @@ def train(
 ) -> None:
     """Distil a one-layer EAGLE-3 head from the target's greedy continuations (target frozen, training-time
     test over the draft positions); report held-out top-1 agreement per position; cache it in vLLM's format."""
+    from specbench.heads.distill import copy_head, train_head  # torch loads only when a head is trained
+
     try:
         loaded = load_profile(profile) if profile is not None else None
         if target is None and loaded is None:
-            _fail("give a PROFILE or --target MODEL (the model the head drafts for)")
+            fail("give a PROFILE or --target MODEL (the model the head drafts for)")
         base = QUICK if quick else DEFAULTS
         given = {"workload": workload or (loaded.workload.prompts if loaded else None), "max_prompts": max_prompts,
                  "max_prompt_tokens": max_prompt_tokens, "max_new_tokens": max_new_tokens, "epochs": epochs,
@@ -76,16 +69,16 @@ def train(
                  "seed": seed if seed is not None else (loaded.run.seed if loaded else None)}
         settings = replace(base, **{key: value for key, value in given.items() if value is not None})
         model = _model_reference(target) if target is not None else loaded.target.model
-        console = Console(stderr=json_output)
-        with HeadProgress(console) as progress:
+        out_console = console(stderr=json_output)
+        with HeadProgress(out_console) as progress:
             report = train_head(model, settings=settings, observer=progress,
                                 device=device or (loaded.device if loaded else "auto"), fresh=fresh)
         if out is not None:
             copy_head(report, out)
-    except BAD_INPUT as error:
-        _fail(str(error))
-    print_head_report(console, report)
+    except OneLineError as error:
+        fail(str(error))
+    print_head_report(out_console, report)
     if out is not None:
-        console.print(f"copied to {escape(str(out))}", highlight=False)
+        print_note(out_console, f"copied to {out}")
     if json_output:
         sys.stdout.write(json.dumps(asdict(report), indent=2) + "\n")

@@ -5,6 +5,12 @@ from __future__ import annotations
 MAX_CHARS = 500
 
 
+class OneLineError(Exception):
+    """An error the CLI tells as one line and exit code 2: bad input (a profile key, a file, an option), an unusable
+    environment (no such device, an unreachable storage) or a failed worker. Each feature's error derives from it
+    (ProfileError, WorkloadError, ModelError, ...), so a command catches them all without importing the features."""
+
+
 def first_line(error: BaseException) -> str:
     """The first non-empty line of the message, or the exception's type name when it has none."""
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]

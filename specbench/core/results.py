@@ -13,17 +13,18 @@ import json
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from specbench.core.trace import Trace
-from specbench.workloads.prompts import Prompt
+
+if TYPE_CHECKING:
+    from specbench.workloads.prompts import Prompt  # a request row names the prompt it sent
 
 REQUESTS_FILE = "requests.parquet"
 POINTS_FILE = "points.parquet"
 MANIFEST_FILE = "manifest.json"
-CAPACITY_FILE = "capacity.json"  # a capacity search's configurations, probes and decisions
 RESULTS_DIR = Path("results")
 
 

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import torch
 
+from specbench.core.errors import OneLineError
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class DeviceError(ValueError):
+class DeviceError(OneLineError, ValueError):
     """The requested device is not on this machine."""
 
 

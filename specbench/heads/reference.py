@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from specbench.heads.distill import QUICK, HeadReport, HeadSettings, train_head
+from specbench.heads.distill import train_head
+from specbench.heads.settings import QUICK, HeadReport, HeadSettings
 from specbench.profile.references import TRAINED_PREFIX, is_trained_head
 
 PRESETS = {"default": HeadSettings(), "quick": QUICK}  # keyed by references.TRAINED_PRESETS (tested)

@@ -25,6 +25,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from specbench.models.errors import HeadError
 from specbench.models.load import LoadedModel, folder_identity, weight_bytes
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -34,10 +35,6 @@ WEIGHTS_FILE = "model.safetensors"
 UNSUPPORTED_TRUE = ("norm_before_fc", "fc_norm", "norm_output", "parallel_drafting")
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # q, k, v -> attention output
-
-
-class HeadError(ValueError):
-    """An EAGLE-3 head that cannot be used; the message is one line naming the file, the key and the fix."""
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:

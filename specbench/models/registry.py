@@ -13,13 +13,11 @@ from pathlib import Path
 
 import platformdirs
 
+from specbench.models.errors import ModelError
+
 Progress = Callable[[str], None] | None
 
 BUILTIN_PREFIX = "builtin:"
-
-
-class ModelError(ValueError):
-    """A model reference that cannot be resolved or loaded; the message names the fix."""
 
 
 def short_reason(error: Exception) -> str:

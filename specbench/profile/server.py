@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field, StrictStr, ValidationInfo, field_validator, model_validator
 
 from specbench.profile.fields import PositiveFloat, Table
 from specbench.profile.references import base_dir
-from specbench.profile.validation import check, rule, show
+from specbench.profile.validation import rule, show
 
 class ServerSpec(Table):
     """How the server backend reaches a serving engine: launch it (engine, optional argv template and
@@ -23,7 +23,7 @@ class ServerSpec(Table):
     binary: StrictStr | None = None  # the engine's executable (llama-server) or the Python that has it (vllm, sglang)
     url: StrictStr | None = None
     model: StrictStr | None = None  # the served model name to request (default: the first the server lists)
-    ready_timeout_s: Annotated[float, Strict(), check(lambda v: v > 0, "a number > 0")] = 300.0
+    ready_timeout_s: PositiveFloat = 300.0
     request_timeout_s: PositiveFloat | None = None  # one request, send to last byte (default: 60 s + 1 s per token)
     point_timeout_s: PositiveFloat | None = None  # one point (default: its requests each using their whole deadline)
     extra_args: tuple[StrictStr, ...] = ()

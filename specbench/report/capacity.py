@@ -5,12 +5,13 @@ every probe behind it. Outputs are DataFrames and the strings every format shows
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from specbench.capacity.document import CapacityDocument, CapacityEntry
+from specbench.capacity.sentence import bound, capacity_sentence, level, missing, number, percent_change, usd
 from specbench.report import tables
 
 CONFIGURATION_COLUMNS = (
@@ -34,28 +35,28 @@ class CapacityReport:
     traffic_rps: float | None
     configurations: pd.DataFrame  # CONFIGURATION_COLUMNS, as capacity.json lists them
     probes: pd.DataFrame  # PROBE_COLUMNS, each configuration's probes in the order they ran
-    entries: list[dict[str, Any]]  # the configurations shown, exactly as capacity.json holds them
+    entries: list[CapacityEntry]  # the configurations shown, as capacity.json holds them
 
 
-def capacity_report(document: dict[str, Any], filters: list[tables.Filter] = ()) -> CapacityReport:
+def capacity_report(document: CapacityDocument, filters: list[tables.Filter] = ()) -> CapacityReport:
     """The report's view of capacity.json. --filter keys a configuration has (temperature, top_p, method, draft,
     gamma) apply; the baselines stay, as the reference the gains are against; other keys do not apply."""
-    configurations = pd.DataFrame([{column: entry.get(column) for column in CONFIGURATION_COLUMNS}
-                                   for entry in document["configurations"]], columns=list(CONFIGURATION_COLUMNS))
+    every = list(document.configurations)
+    configurations = pd.DataFrame([{column: getattr(entry, column) for column in CONFIGURATION_COLUMNS}
+                                   for entry in every], columns=list(CONFIGURATION_COLUMNS))
     configurations = configurations.astype({"temperature": "float64", "top_p": "float64", "gamma": "Int64"})
     applicable = [f for f in filters if f.key in FILTER_KEYS]
     kept = tables.apply_filters(configurations, applicable) if applicable else configurations
     shown = configurations.index.isin(kept.index) | (configurations["method"] == "baseline")
-    entries = [entry for entry, keep in zip(document["configurations"], shown) if keep]
-    probes = pd.DataFrame([{"temperature": entry["temperature"], "top_p": entry["top_p"],
-                            "configuration": entry["configuration"], "axis": entry["axis"],
-                            **{column: probe.get(column) for column in PROBE_COLUMNS[4:]}}
-                           for entry in entries for probe in entry.get("probes") or []], columns=list(PROBE_COLUMNS))
-    return CapacityReport(target_attainment=float(document.get("target_attainment", 0.95)),
-                          confidence=document.get("confidence"), slo=dict(document.get("slo") or {}),
-                          resolution=document.get("resolution"), resolution_unit=document.get("resolution_unit"),
-                          usd_per_hour=document.get("usd_per_hour"), traffic_rps=document.get("traffic_rps"),
-                          configurations=configurations[shown].reset_index(drop=True),
+    entries = [entry for entry, keep in zip(every, shown) if keep]
+    probes = pd.DataFrame([{"temperature": entry.temperature, "top_p": entry.top_p,
+                            "configuration": entry.configuration, "axis": entry.axis,
+                            **{column: getattr(probe, column) for column in PROBE_COLUMNS[4:]}}
+                           for entry in entries for probe in entry.probes], columns=list(PROBE_COLUMNS))
+    return CapacityReport(target_attainment=document.target_attainment, confidence=document.confidence,
+                          slo=dict(document.slo), resolution=document.resolution,
+                          resolution_unit=document.resolution_unit, usd_per_hour=document.usd_per_hour,
+                          traffic_rps=document.traffic_rps, configurations=configurations[shown].reset_index(drop=True),
                           probes=probes.astype({"temperature": "float64", "top_p": "float64"}), entries=entries)
 
 
@@ -98,53 +99,23 @@ def groups(report: CapacityReport) -> list[CapacityGroup]:
 # --- strings --------------------------------------------------------------------------------------
 
 
-def number(value: float) -> str:
-    """At most two decimals, at least one: 1.3, 1.0, 1.25."""
-    text = f"{value:.2f}".rstrip("0")
-    return text + "0" if text.endswith(".") else text
-
-
-def level(value: float, axis: str) -> str:
-    """`1.3 requests/s`, `concurrency 6`."""
-    return f"concurrency {int(value)}" if axis == "concurrency" else f"{number(value)} requests/s"
-
-
-def _bound(value: Any, axis: str) -> str:
-    if _missing(value):
-        return "-"
-    return str(int(value)) if axis == "concurrency" else number(value)
-
-
-def _missing(value: Any) -> bool:
-    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
-
-
 def capacity_cell(row: dict) -> str:
     """`1.3 requests/s [1.3, 1.4]`: the capacity and, in brackets, the highest load that passed and the lowest that
     failed; `at least 4.0 requests/s` when nothing failed above it, `below 0.5 requests/s` when nothing passed."""
     capacity, high, axis = row["capacity"], row["bracket_high"], row["axis"]
-    if not _missing(capacity) and not _missing(high):
-        return f"{level(capacity, axis)} [{_bound(row['bracket_low'], axis)}, {_bound(high, axis)}]"
-    if not _missing(capacity):
+    if not missing(capacity) and not missing(high):
+        return f"{level(capacity, axis)} [{bound(row['bracket_low'], axis)}, {bound(high, axis)}]"
+    if not missing(capacity):
         return f"at least {level(capacity, axis)}"
-    return "-" if _missing(high) else f"below {level(high, axis)}"
+    return "-" if missing(high) else f"below {level(high, axis)}"
 
 
 def attainment_cell(value: Any) -> str:
     """`97% [91%, 99%]`: the share of requests that met the SLO, with its CI."""
-    if value is None or len(value) != 3 or any(_missing(v) for v in value):
+    if value is None or len(value) != 3 or any(missing(v) for v in value):
         return "-"
     share, low, high = value
     return f"{share:.0%} [{low:.0%}, {high:.0%}]"
-
-
-def percent_change(value: Any) -> str:
-    return "-" if _missing(value) else f"{value * 100:+.0f} %"
-
-
-def usd(value: Any) -> str:
-    """`$0.40`; below ten cents, two significant digits (`$0.0042`)."""
-    return "-" if _missing(value) else f"${value:.2f}" if value >= 0.1 else f"${value:.2g}"
 
 
 def display_capacity(report: CapacityReport, group: pd.DataFrame) -> pd.DataFrame:
@@ -163,7 +134,7 @@ def display_capacity(report: CapacityReport, group: pd.DataFrame) -> pd.DataFram
                                   for row in group.to_dict("records")]
     if report.traffic_rps is not None and (group["axis"] == "request_rate").all():
         columns["replicas"] = [tables.fmt(v, "d") for v in group["replicas_for_traffic"].astype("Int64")]
-    columns["status"] = [str(status) + ("" if _missing(note) else f" ({note})")
+    columns["status"] = [str(status) + ("" if missing(note) else f" ({note})")
                          for status, note in zip(group["status"], group["note"])]
     return pd.DataFrame(columns)
 
@@ -177,7 +148,7 @@ def display_probes(probes: pd.DataFrame) -> pd.DataFrame:
     """Every probe of one group, in the order each configuration ran them: the evidence behind each capacity."""
     rows = [(
         row["configuration"], level(row["load"], row["axis"]),
-        (row["point_id"] or "-") + (" (reused)" if not _missing(row["reused"]) and bool(row["reused"]) else ""),
+        (row["point_id"] or "-") + (" (reused)" if not missing(row["reused"]) and bool(row["reused"]) else ""),
         tables.fmt(row["n_requests"], "d"), tables.fmt(row["met"], "d"),
         attainment_cell([row["attainment"], row["ci_low"], row["ci_high"]]), row["decision"],
         tables.fmt(row["goodput"], ".2f", " req/s"), tables.fmt(row["tokens_per_s"], ".1f"),
@@ -186,43 +157,14 @@ def display_probes(probes: pd.DataFrame) -> pd.DataFrame:
                                        "decision", "goodput", "tok/s"])
 
 
-def headline(row: dict, baseline: dict | None, report: CapacityReport) -> str:
-    """`n-gram γ3 holds the SLO up to 1.3 requests/s against the baseline's 1.0: +30 %, $0.52 → $0.40 per 1M
-    output tokens` (the cost only with a price, the replicas only with a traffic figure); `up to at least` a load
-    that was not bracketed from above, with its status."""
-    name, axis = row["configuration"], row["axis"]
-    if _missing(row["capacity"]):
-        return f"{name}: no capacity found ({row['status']})"
-    text = f"{name} holds the SLO up to {_at_least(row)}{level(row['capacity'], axis)}"
-    if baseline is None:
-        text += "; capacity.json has no baseline to compare with"
-    elif _missing(baseline["capacity"]):
-        text += f"; the baseline's capacity was not found ({baseline['status']})"
-    else:
-        text += f" against the baseline's {_at_least(baseline)}{_bound(baseline['capacity'], axis)}"
-        parts = [percent_change(row["gain_vs_baseline"])] if not _missing(row["gain_vs_baseline"]) else []
-        if report.usd_per_hour is not None and not _missing(row["usd_per_mtok_at_capacity"]) \
-                and not _missing(baseline["usd_per_mtok_at_capacity"]):
-            parts.append(f"{usd(baseline['usd_per_mtok_at_capacity'])} → {usd(row['usd_per_mtok_at_capacity'])} "
-                         "per 1M output tokens")
-        text += (": " + ", ".join(parts)) if parts else ""
-        if report.traffic_rps is not None and not _missing(row["replicas_for_traffic"]) \
-                and not _missing(baseline["replicas_for_traffic"]):
-            text += (f"; {int(row['replicas_for_traffic'])} replicas for {number(report.traffic_rps)} requests/s "
-                     f"against {int(baseline['replicas_for_traffic'])}")
-    return text + ("" if row["status"] == "found" else f" ({row['status']})")
-
-
-def _at_least(row: dict) -> str:
-    """A capacity that is only a lower bound (the search never failed above it) says so."""
-    return "" if row["status"] == "found" else "at least "
-
-
 def headlines(report: CapacityReport, group: pd.DataFrame) -> list[str]:
-    """A sentence per speculative configuration of one group (temperature, top_p and load axis)."""
-    baselines = group[group["method"] == "baseline"].to_dict("records")
-    return [headline(row, baselines[0] if baselines else None, report)
-            for row in group[group["method"] != "baseline"].to_dict("records")]
+    """The capacity sentence per speculative configuration of one group (temperature, top_p and load axis)."""
+    named = {(e.configuration, e.temperature, e.top_p, e.axis): e for e in report.entries}
+    shown = [named[key] for key in group[["configuration", "temperature", "top_p", "axis"]].itertuples(
+        index=False, name=None)]
+    baseline = next((entry for entry in shown if entry.is_baseline), None)
+    return [capacity_sentence(entry, baseline, usd_per_hour=report.usd_per_hour, traffic_rps=report.traffic_rps)
+            for entry in shown if not entry.is_baseline]
 
 
 def caption(report: CapacityReport, axis: str) -> str:

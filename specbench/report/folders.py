@@ -10,11 +10,12 @@ from typing import Any
 
 import pandas as pd
 
+from specbench.capacity.document import CAPACITY_FILE, CapacityDocument, CapacityFileError, read_capacity
 from specbench.core import results
+from specbench.core.errors import OneLineError
 
 TRIALS_FILE = "trials.parquet"  # written by `specbench tune`, with recommendation.json
 RECOMMENDATION_FILE = "recommendation.json"
-CAPACITY_FILE = "capacity.json"  # written by `specbench run`'s capacity search
 
 # The columns the report reads; a folder missing any of them is skipped.
 POINT_COLUMNS_USED = (
@@ -28,7 +29,7 @@ TRIAL_COLUMNS_USED = ("study", "number", "state", "role", "point_id", "draft", "
                       "top_p", "value", "predicted_speedup", "prompts_measured", *POINT_COLUMNS_USED[1:])
 
 
-class ReportError(ValueError):
+class ReportError(OneLineError, ValueError):
     """Bad input to `specbench report`: a missing path, no readable results, an unknown option value."""
 
 
@@ -51,7 +52,7 @@ class Run:
     requests: pd.DataFrame
     manifest: dict[str, Any] = field(default_factory=dict)
     tune: Tune | None = None
-    capacity: dict[str, Any] | None = None  # capacity.json as written (None when the folder has none)
+    capacity: CapacityDocument | None = None  # capacity.json (None when the folder has none)
 
 
 @dataclass(frozen=True)
@@ -174,20 +175,12 @@ def _read_manifest(path: Path) -> dict[str, Any] | str:
     return manifest if isinstance(manifest, dict) else f"unreadable {path.name}: not a JSON object"
 
 
-def _read_capacity(path: Path) -> dict[str, Any] | str:
-    """capacity.json, or why it cannot be used: an object whose `configurations` is a list of objects, each with a
-    configuration, a temperature, a top_p and an axis."""
-    document = _read_manifest(path)
-    if isinstance(document, str):
-        return document
-    entries = document.get("configurations")
-    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
-        return f"{path.name}: `configurations` is not a list of objects"
-    for index, entry in enumerate(entries):
-        missing = [key for key in ("configuration", "temperature", "top_p", "axis") if entry.get(key) is None]
-        if missing:
-            return f"{path.name}: configurations[{index}] lacks {', '.join(missing)}"
-    return document
+def _read_capacity(path: Path) -> CapacityDocument | str:
+    """capacity.json, or why it cannot be used (the file and the key)."""
+    try:
+        return read_capacity(path)
+    except CapacityFileError as error:
+        return str(error)
 
 
 def _first_line(error: Exception) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import asdict
 from typing import Any
 
 import pandas as pd
@@ -253,7 +254,7 @@ def _capacity_json(run: str, report: capacity.CapacityReport) -> dict[str, Any]:
             "usd_per_hour": report.usd_per_hour, "traffic_rps": report.traffic_rps,
             "headlines": [line for group in capacity.groups(report)
                           for line in capacity.headlines(report, group.configurations)],
-            "configurations": report.entries}  # as capacity.json holds them, probes included
+            "configurations": [asdict(entry) for entry in report.entries]}  # as capacity.json holds them, probes included
 
 
 def _workload_json(report: workload.WorkloadReport | None) -> dict[str, Any] | None:

@@ -15,7 +15,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-import optuna
 import pandas as pd
 
 from specbench.report.folders import Tune
@@ -112,6 +111,8 @@ def parameter_importances(trials: pd.DataFrame, *, direction: str | None,
         return {}, "no recommendation.json: the objective's direction is unknown"
     if len(completed) < MIN_TRIALS_FOR_IMPORTANCE:
         return {}, f"{len(completed)} completed trials; importances need at least {MIN_TRIALS_FOR_IMPORTANCE}"
+    import optuna  # fANOVA on the trials: loaded only when a tune is reported
+
     distributions = _distributions(completed, space)
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created" line
@@ -139,6 +140,8 @@ def parameter_importances(trials: pd.DataFrame, *, direction: str | None,
 
 def _distributions(completed: pd.DataFrame, space: dict[str, Any] | None) -> dict[str, Any]:
     """The search space's distributions, from recommendation.json, else from the values seen."""
+    import optuna
+
     drafts = [d["name"] for d in (space or {}).get("drafts", [])] or sorted(completed["draft"].astype(str).unique())
     low, high = (space or {}).get("gamma") or (int(completed["gamma"].min()), int(completed["gamma"].max()))
     distributions: dict[str, Any] = {"draft": optuna.distributions.CategoricalDistribution(drafts),

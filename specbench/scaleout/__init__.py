@@ -5,8 +5,3 @@
 - liveness: heartbeats, and giving back the points of workers that died or were interrupted;
 - workers: the launcher of local worker processes.
 """
-
-from specbench.scaleout.storage import ScaleOutError
-from specbench.scaleout.workers import WorkerError
-
-__all__ = ["ScaleOutError", "WorkerError"]

@@ -13,13 +13,13 @@ import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-from specbench.core.errors import one_line
+from specbench.core.errors import OneLineError, one_line
 from specbench.scaleout.liveness import heartbeat_interval, requeue_callback
 
 DEFAULT_STORAGE_FILE = "study.db"
 
 
-class ScaleOutError(ValueError):
+class ScaleOutError(OneLineError, ValueError):
     """Bad input to a shared run or tune (a storage that cannot be opened, a study of another run); one line."""
 
 

@@ -19,11 +19,11 @@ from multiprocessing.queues import SimpleQueue
 from typing import Protocol, TypeVar
 
 from specbench.backends import get_backend
-from specbench.core.errors import one_line
+from specbench.core.errors import OneLineError, one_line
 from specbench.profile import Profile, with_overrides
 
 
-class WorkerError(RuntimeError):
+class WorkerError(OneLineError, RuntimeError):
     """A local worker process failed; the message is one line: which worker, and why."""
 
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from specbench.core import cost, results, summary
+from specbench.capacity.document import CapacityDocument, compared, entry_from_dict, write_capacity
+from specbench.core import results, summary
 from specbench.capacity.search import (Done, Next, Probe, SearchSettings, conclude, decide, fewest_to_confirm, next_probe,
                                 probe_of)
 from specbench.core.results import PointSpec
@@ -61,12 +62,12 @@ class CapacitySearch:
                 self.entries.append(self.search_configuration(spec, "concurrency"))
             self._write_manifest()
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> CapacityDocument:
         """capacity.json: gains over the baseline and costs filled in, written atomically; returned."""
-        data = capacity_document(self.entries, slo=self.slo, spec=self.spec, cost_spec=self.ctx.profile.cost)
-        results.write_json_atomic(data, self.files.out_dir / results.CAPACITY_FILE)
+        document = capacity_document(self.entries, slo=self.slo, spec=self.spec, cost_spec=self.ctx.profile.cost)
+        write_capacity(document, self.files.out_dir)
         self._write_manifest()
-        return data
+        return document
 
     # --- one search ------------------------------------------------------------------------
 
@@ -256,28 +257,17 @@ def _outcome(history: list[Probe], settings: SearchSettings, probes: list[dict],
             "note": outcome.note, "usd_per_mtok_at_capacity": passing.get("usd_per_mtok") if passing else None}
 
 
-def capacity_document(entries: list[dict[str, Any]], *, slo: dict[str, float], spec, cost_spec) -> dict[str, Any]:
+def capacity_document(entries: list[dict[str, Any]], *, slo: dict[str, float], spec, cost_spec) -> CapacityDocument:
     """capacity.json: the settings, and per configuration its search with the gain over the baseline's capacity
     (same temperature, top_p and axis, both found), the cost per million output tokens at capacity and its change,
     and the replicas the traffic needs."""
-    baselines = {(e["temperature"], e["top_p"], e["axis"]): e for e in entries if e["method"] == "baseline"}
-    configurations = []
-    for entry in entries:
-        baseline = baselines.get((entry["temperature"], entry["top_p"], entry["axis"]))
-        both_found = baseline is not None and entry["status"] == baseline["status"] == "found"
-        usd = entry.get("usd_per_mtok_at_capacity")
-        configurations.append({
-            **entry, "usd_per_mtok_at_capacity": usd,
-            "gain_vs_baseline": cost.change(entry["capacity"], baseline["capacity"]) if both_found else None,
-            # whether the brackets are apart (the gain is measured beyond the search's resolution) or overlap
-            "gain_beyond_brackets": (entry["bracket_low"] >= baseline["bracket_high"]
-                                     or entry["bracket_high"] <= baseline["bracket_low"])
-            if both_found and entry["method"] != "baseline" else None,
-            "usd_per_mtok_change_vs_baseline": cost.change(usd, baseline.get("usd_per_mtok_at_capacity"))
-            if both_found else None,
-            "replicas_for_traffic": cost.replicas_for(cost_spec.traffic_rps, entry["capacity"])
-            if entry["axis"] == "request_rate" and entry["status"] == "found" else None})
-    return {"target_attainment": spec.attainment, "confidence": spec.confidence, "slo": dict(slo),
-            "resolution": spec.resolution_value, "resolution_unit": "relative" if spec.relative else "requests/s",
-            "usd_per_hour": cost_spec.usd_per_hour, "traffic_rps": cost_spec.traffic_rps,
-            "configurations": configurations}
+    typed = [entry_from_dict(_jsonable(entry)) for entry in entries]
+    return CapacityDocument(
+        target_attainment=spec.attainment, confidence=spec.confidence, slo=dict(slo), resolution=spec.resolution_value,
+        resolution_unit="relative" if spec.relative else "requests/s", usd_per_hour=cost_spec.usd_per_hour,
+        traffic_rps=cost_spec.traffic_rps, configurations=compared(typed, traffic_rps=cost_spec.traffic_rps))
+
+
+def _jsonable(entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry as JSON holds it (numpy scalars as Python numbers)."""
+    return json.loads(json.dumps(entry, default=lambda value: value.item() if hasattr(value, "item") else str(value)))

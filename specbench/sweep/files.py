@@ -27,6 +27,7 @@ from specbench.sweep.context import RunContext
 if TYPE_CHECKING:
     from specbench.sweep.loop import PointRun
 from specbench.workloads.prompts import workload_fingerprint
+from specbench.core.errors import OneLineError
 
 # a point's constant columns: what ran it, how quiet the machine was meanwhile, and what a serving engine
 # counted over the point (acceptance, peak memory)
@@ -35,7 +36,7 @@ CONTEXT_COLUMNS = ("backend", "target_model", "weight_mb", "point_key", "other_c
                    "engine_accepted_per_position", "server_peak_rss_mb", "kv_cache", "kv_cache_reason")
 
 
-class ResumeError(ValueError):
+class ResumeError(OneLineError, ValueError):
     """The output folder holds a run of another configuration."""
 
 

@@ -15,6 +15,7 @@ from specbench.core.contention import ConditionsProbe
 from specbench.core.errors import one_line
 from specbench.profile import Profile
 from specbench.core.results import PointSpec
+from specbench.capacity.document import CapacityDocument
 from specbench.sweep.capacity import CapacitySearch, by_launch
 from specbench.sweep.context import RunContext, open_run
 from specbench.sweep.files import RunFiles
@@ -47,7 +48,7 @@ class RunResult:
     requests: pd.DataFrame
     manifest: dict[str, Any]
     ran: list[str] = field(default_factory=list)  # point ids run by this call (the others were resumed)
-    capacity: dict[str, Any] | None = None  # capacity.json, where the profile asks for a capacity search
+    capacity: CapacityDocument | None = None  # capacity.json, where the profile asks for a capacity search
     capacity_probes: list[str] = field(default_factory=list)  # the points it added to the sweep's
 
     @property
@@ -57,7 +58,7 @@ class RunResult:
     @property
     def capacity_not_found(self) -> int:
         """Capacity searches that found no capacity (not bracketed, or failed)."""
-        return sum(entry["status"] != "found" for entry in (self.capacity or {}).get("configurations", []))
+        return sum(not entry.found for entry in self.capacity.configurations) if self.capacity else 0
 
 
 def planned_points(ctx: RunContext) -> list[PointSpec]:

@@ -12,10 +12,11 @@ from typing import Any
 import optuna
 
 from specbench.core import cost
+from specbench.capacity.document import bracket_verdict, entry_from_dict
 from specbench.sweep.capacity import CapacitySearch
 from specbench.sweep.loop import SilentObserver, evaluate_point
 from specbench.tune.evaluate import Evaluator, Live
-from specbench.tune.space import TuneError
+from specbench.tune.objectives import TuneError
 
 BASELINE_ATTR = "capacity_baseline"
 
@@ -78,6 +79,7 @@ def capacity_recommendation(chosen: dict[str, Any] | None, baseline: dict[str, A
     base = baseline or {}
     both = search["status"] == "found" and base.get("status") == "found"
     usd, base_usd = search.get("usd_per_mtok_at_capacity"), base.get("usd_per_mtok_at_capacity")
+    verdict = bracket_verdict(entry_from_dict(search), entry_from_dict(base)) if both else None
     return {
         "capacity_rps": search["capacity"], "bracket": [search["bracket_low"], search["bracket_high"]],
         "status": search["status"], "baseline_capacity_rps": base.get("capacity"),
@@ -89,7 +91,8 @@ def capacity_recommendation(chosen: dict[str, Any] | None, baseline: dict[str, A
         else None,
         "baseline_replicas_for_traffic": cost.replicas_for(traffic_rps, base.get("capacity")) if both else None,
         "traffic_rps": traffic_rps,
-        "measurably_higher": both and search["bracket_low"] >= base["bracket_high"],
+        "brackets": verdict,  # higher, lower or within: the baseline's bracket against the chosen one's
+        "measurably_higher": verdict == "higher",
     }
 
 

@@ -25,7 +25,7 @@ from specbench.core.results import PointSpec
 from specbench.sweep import RunFiles, evaluate_point
 from specbench.sweep.context import RunContext
 from specbench.sweep.files import CONTEXT_COLUMNS
-from specbench.tune.space import TuneError
+from specbench.tune.objectives import TuneError
 
 AfterBatch = Callable[[pd.DataFrame], None]
 

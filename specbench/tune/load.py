@@ -17,7 +17,7 @@ from specbench.core.loadmix import parse_load_mix
 from specbench.profile import Profile
 from specbench.sweep.plan import load_levels
 from specbench.tune.recommend import choose
-from specbench.tune.space import Objective, TuneError
+from specbench.tune.objectives import Objective, TuneError
 
 # per level of a trial (its "levels" user attr), the point's columns kept besides the objective's value
 LEVEL_COLUMNS = ("point_id", "speedup", "speedup_ci_low", "speedup_ci_high", "tokens_per_s", "goodput",

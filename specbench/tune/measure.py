@@ -12,7 +12,7 @@ import pandas as pd
 
 from specbench.core import summary
 from specbench.core.results import PointSpec
-from specbench.tune.space import Objective
+from specbench.tune.objectives import Objective
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from specbench.scaleout.storage import (
 )
 from specbench.tune.evaluate import Replay
 from specbench.tune.load import LoadLevel, plan_levels
-from specbench.tune.space import Constraints, Objective, SearchSpace, TuneError, space_from_profile
+from specbench.tune.objectives import Constraints, Objective, TuneError
+from specbench.tune.space import SearchSpace, space_from_profile
 from specbench.tune.warmstart import unavailable_with
 
 TRIALS_FILE = "trials.parquet"

@@ -19,7 +19,7 @@ from specbench.core import stats
 from specbench.engines import ENGINES, EngineError, Speculation
 from specbench.models.registry import builtin_gguf_path, builtin_model, builtin_name, is_builtin
 from specbench.profile import Profile
-from specbench.tune.space import Objective
+from specbench.tune.objectives import Objective
 
 
 _PORTS = {"vllm": 8000, "sglang": 30000, "llama.cpp": 8080}  # each engine's usual port

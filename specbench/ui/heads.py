@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from specbench.heads.distill import HeadReport
+from specbench.heads.settings import HeadReport
 
 
 class HeadProgress:

@@ -1,4 +1,4 @@
-"""Terminal output: sweep progress and result tables. The only module that imports rich."""
+"""Terminal output of `specbench run`: sweep progress, the run summary and capacity, the builtin models and datasets."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from specbench.capacity.document import CapacityDocument
+from specbench.capacity.sentence import capacity_sentence
 from specbench.core.contention import ADVICE
 from specbench.workloads.datasets import DatasetInfo
 from specbench.models.registry import BuiltinInfo
@@ -138,44 +140,23 @@ def print_run_summary(console: Console, points: pd.DataFrame, out_dir: str, *, p
     console.print(f"results: {escape(str(out_dir))}  ({len(points) - len(failed)} ok, {len(failed)} failed)")
 
 
-def capacity_lines(document: dict[str, Any]) -> list[str]:
+def capacity_lines(document: CapacityDocument) -> list[str]:
     """capacity.json in words, per temperature: each configuration's capacity [bracket], its gain over the
     baseline's and the cost of a million output tokens at capacity (and the replicas for the traffic)."""
-    slo = ", ".join(f"{name} <= {limit:g}" for name, limit in document["slo"].items())
-    lines = [f"capacity: the highest load at which {document['target_attainment']:.0%} of requests meet {slo} "
+    slo = ", ".join(f"{name} <= {limit:g}" for name, limit in document.slo.items())
+    lines = [f"capacity: the highest load at which {document.target_attainment:.0%} of requests meet {slo} "
              "[bracket: highest passing probe, lowest failing one]"]
-    entries = document["configurations"]
-    for temperature, top_p in dict.fromkeys((e["temperature"], e["top_p"]) for e in entries):
+    entries = document.configurations
+    for temperature, top_p in dict.fromkeys((e.temperature, e.top_p) for e in entries):
         lines.append(f"temperature {temperature:g}" + (f", top_p {top_p:g}" if top_p < 1 else ""))
-        group = [e for e in entries if (e["temperature"], e["top_p"]) == (temperature, top_p)]
-        baselines = {e["axis"]: e for e in group if e["method"] == "baseline"}
-        for entry in group:
-            lines.append("  " + _capacity_line(entry, baselines.get(entry["axis"]), document.get("traffic_rps")))
+        for entry in (e for e in entries if (e.temperature, e.top_p) == (temperature, top_p)):
+            sentence = capacity_sentence(entry, document.baseline_of(entry), usd_per_hour=document.usd_per_hour,
+                                         traffic_rps=document.traffic_rps)
+            lines.append("  " + sentence)
     return lines
 
 
-def _capacity_line(entry: dict[str, Any], baseline: dict[str, Any] | None, traffic: float | None) -> str:
-    unit = " requests/s" if entry["axis"] == "request_rate" else ""
-    load = (lambda v: f"{v:g}{unit}") if unit else (lambda v: f"concurrency {v:g}")
-    name = entry["configuration"]
-    if entry["status"] != "found":
-        return f"{name} ({'request rate' if unit else 'concurrency'}): {entry['status']}"
-    text = f"{name} holds the SLO up to {load(entry['capacity'])} [{entry['bracket_low']:g}, {entry['bracket_high']:g}]"
-    usd, gain = entry.get("usd_per_mtok_at_capacity"), entry.get("gain_vs_baseline")
-    if entry["method"] != "baseline" and gain is not None:
-        text += f" against the baseline's {baseline['capacity']:g}: {gain:+.0%}" + (
-            "" if entry.get("gain_beyond_brackets") else " (within the brackets: not measurably different)")
-        before = baseline.get("usd_per_mtok_at_capacity")
-        if usd is not None and before is not None:
-            text += f", ${before:.3g} → ${usd:.3g} per 1M output tokens ({entry['usd_per_mtok_change_vs_baseline']:+.0%})"
-    elif usd is not None:
-        text += f": ${usd:.3g} per 1M output tokens at capacity"
-    if entry.get("replicas_for_traffic") is not None:
-        text += f"; {entry['replicas_for_traffic']} replicas for {traffic:g} requests/s"
-    return text + (f" ({entry['note']})" if entry.get("note") else "")
-
-
-def print_capacity(console: Console, document: dict[str, Any]) -> None:
+def print_capacity(console: Console, document: CapacityDocument) -> None:
     for line in capacity_lines(document):
         style = "bold" if not line.startswith("  ") else None
         console.print(escape(line), style=style, highlight=False, soft_wrap=True)

@@ -10,6 +10,8 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from specbench.capacity.document import CapacityEntry
+from specbench.capacity.sentence import capacity_sentence
 from specbench.ui.run import fmt
 
 
@@ -52,7 +54,7 @@ def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
                 lines.append(f"  front: {r['point_id']}  {fmt(r['tokens_per_s'], '.1f')} tok/s, "
                              f"{fmt(r['peak_memory_mb'], '.0f')} MB")
         if choice.get("capacity") is not None:
-            lines.append("  " + escape(_capacity_text(choice["capacity"])))
+            lines.append("  " + escape(_capacity_text(choice["point_id"], choice["capacity"])))
         exhausted = " (every configuration evaluated)" if choice.get("space_exhausted") else ""
         lines.append(f"  {choice['evaluations']} evaluations, {choice['trials']} trials of "
                      f"{recommendation['space_size']} configurations{exhausted}")
@@ -133,20 +135,24 @@ def _prediction(choice: dict[str, Any]) -> str:
     return ""
 
 
-def _capacity_text(capacity: dict[str, Any]) -> str:
-    """--objective capacity: the chosen configuration's capacity and cost beside the baseline's."""
-    bracket, base = capacity["bracket"], capacity["baseline_bracket"]
-    text = (f"capacity {fmt(capacity['capacity_rps'], 'g')} requests/s [{fmt(bracket[0], 'g')}, {fmt(bracket[1], 'g')}]"
-            f" against the baseline's {fmt(capacity['baseline_capacity_rps'], 'g')} [{fmt(base[0], 'g')}, "
-            f"{fmt(base[1], 'g')}]" + (f": {capacity['gain_vs_baseline']:+.0%}" if capacity["gain_vs_baseline"]
-                                       is not None else f" ({capacity['status']})"))
-    if capacity["usd_per_mtok_at_capacity"] is not None and capacity["baseline_usd_per_mtok_at_capacity"] is not None:
-        text += (f"; ${capacity['baseline_usd_per_mtok_at_capacity']:.3g} → ${capacity['usd_per_mtok_at_capacity']:.3g}"
-                 " per 1M output tokens")
-    if capacity["replicas_for_traffic"] is not None:
-        text += (f"; {capacity['replicas_for_traffic']} replicas for {capacity['traffic_rps']:g} requests/s (baseline "
-                 f"{capacity['baseline_replicas_for_traffic']})")
-    return text
+def _capacity_text(name: str, capacity: dict[str, Any]) -> str:
+    """--objective capacity: the chosen configuration's capacity and cost beside the baseline's, in the sentence
+    `specbench run` and `specbench report` use."""
+    common = {"temperature": 0.0, "top_p": 1.0, "axis": "request_rate"}  # the tune's capacities are request rates
+    chosen = CapacityEntry(
+        configuration=name, method="chosen", status=capacity["status"], capacity=capacity["capacity_rps"],
+        bracket_low=capacity["bracket"][0], bracket_high=capacity["bracket"][1],
+        usd_per_mtok_at_capacity=capacity["usd_per_mtok_at_capacity"], gain_vs_baseline=capacity["gain_vs_baseline"],
+        gain_beyond_brackets=None if capacity.get("brackets") is None else capacity["brackets"] != "within",
+        replicas_for_traffic=capacity["replicas_for_traffic"], **common)
+    baseline = CapacityEntry(
+        configuration="baseline", method="baseline", status=capacity["baseline_status"],
+        capacity=capacity["baseline_capacity_rps"], bracket_low=capacity["baseline_bracket"][0],
+        bracket_high=capacity["baseline_bracket"][1],
+        usd_per_mtok_at_capacity=capacity["baseline_usd_per_mtok_at_capacity"],
+        replicas_for_traffic=capacity["baseline_replicas_for_traffic"], **common)
+    return capacity_sentence(chosen, baseline, usd_per_hour=capacity.get("usd_per_hour"),
+                             traffic_rps=capacity["traffic_rps"])
 
 
 def _text(value: Any) -> str:

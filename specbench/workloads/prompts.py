@@ -12,6 +12,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbench.core.errors import OneLineError
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -27,7 +29,7 @@ DEFAULT_CATEGORY = "user"
 ROLES: tuple[str, ...] = ("system", "user", "assistant")
 
 
-class WorkloadError(ValueError):
+class WorkloadError(OneLineError, ValueError):
     """A prompt set that cannot be loaded; the message names the file, the line and the fix."""
 
 

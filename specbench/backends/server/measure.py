@@ -18,7 +18,7 @@ from specbench.backends.server.process import peak_rss_mb, reset_peak_rss
 from specbench.core.results import PointSpec, prompt_columns
 
 if TYPE_CHECKING:
-    from specbench.backends.server import ServerSession
+    from specbench.backends.server.backend import ServerSession
 
 WARMUP_TEXT = "Before it is measured, the engine answers a few requests like this one to warm up. "
 

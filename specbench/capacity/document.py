@@ -1,0 +1,211 @@
+"""capacity.json, typed: what a run's capacity searches found, written and read here only.
+
+One `CapacityEntry` per configuration (baseline or draft x gamma), temperature, top_p and load axis: its capacity,
+the bracket that decided it (the highest load that passed, the lowest that failed) with the attainment at each end,
+every probe, and, against the baseline of the same temperature, top_p and axis, its gain, its cost per million
+output tokens and the replicas a traffic figure needs. `CapacityDocument` adds the settings the searches ran with.
+The file carries a `version`; files written before it had none and read as version 1."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from specbench.core import cost
+from specbench.core.errors import OneLineError
+
+CAPACITY_FILE = "capacity.json"
+VERSION = 1
+REQUIRED = ("configuration", "temperature", "top_p", "axis")  # what names an entry
+
+
+class CapacityFileError(OneLineError, ValueError):
+    """A capacity.json that cannot be read; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class CapacityProbe:
+    """One load a search sent, as a recorded point, and what its attainment decided."""
+
+    load: float  # requests/s, or requests in flight
+    n_requests: int
+    met: int  # requests that met every SLO limit
+    attainment: float
+    ci_low: float
+    ci_high: float
+    decision: str
+    point_id: str | None = None
+    next: str | None = None  # what the search did after it
+    reused: bool = False  # the point was already recorded with as many requests
+    duration_s: float | None = None
+    goodput: float | None = None
+    tokens_per_s: float | None = None
+    usd_per_mtok: float | None = None
+    completed_per_s: float | None = None
+    error: str | None = None  # the point failed: it met nothing
+
+
+@dataclass(frozen=True)
+class CapacityEntry:
+    """One configuration's search on one load axis at one temperature and top_p."""
+
+    configuration: str  # "baseline", or "<draft> γ<gamma>"
+    temperature: float
+    top_p: float
+    axis: Literal["request_rate", "concurrency"]
+    method: str | None = None
+    draft: str | None = None
+    gamma: int | None = None
+    status: str | None = None  # "found", or why there is no capacity (not bracketed, failed, ...)
+    capacity: float | None = None
+    bracket_low: float | None = None  # the highest load that passed
+    bracket_high: float | None = None  # the lowest load that failed
+    attainment_low: tuple[float, float, float] | None = None  # share met, CI low, CI high at the bracket's low end
+    attainment_high: tuple[float, float, float] | None = None
+    note: str | None = None
+    usd_per_mtok_at_capacity: float | None = None
+    gain_vs_baseline: float | None = None  # capacity / the baseline's - 1, both found
+    gain_beyond_brackets: bool | None = None  # the brackets are apart: the gain is more than the search's resolution
+    usd_per_mtok_change_vs_baseline: float | None = None
+    replicas_for_traffic: int | None = None  # request-rate capacities only
+    probes: tuple[CapacityProbe, ...] = ()
+
+    @property
+    def found(self) -> bool:
+        return self.status == "found"
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.method == "baseline"
+
+    @property
+    def group(self) -> tuple[float, float, str]:
+        """The baseline an entry is compared with has the same temperature, top_p and axis."""
+        return (self.temperature, self.top_p, self.axis)
+
+
+@dataclass(frozen=True)
+class CapacityDocument:
+    target_attainment: float  # the share of requests that must meet every SLO limit
+    slo: dict[str, float]  # request column -> limit
+    configurations: tuple[CapacityEntry, ...]
+    confidence: float | None = None  # of each probe's Wilson interval
+    resolution: float | None = None
+    resolution_unit: str | None = None  # "relative" (a fraction of the load) or "requests/s"
+    usd_per_hour: float | None = None
+    traffic_rps: float | None = None
+    version: int = VERSION
+
+    def baseline_of(self, entry: CapacityEntry) -> CapacityEntry | None:
+        return next((e for e in self.configurations if e.is_baseline and e.group == entry.group), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def bracket_verdict(entry: CapacityEntry, baseline: CapacityEntry) -> Literal["higher", "lower", "within"] | None:
+    """The one rule for "measurably different" capacities: higher when the entry's passing load is at or above the
+    baseline's failing one, lower the other way round, within when the brackets overlap; None unless both found."""
+    if not (entry.found and baseline.found) or None in (entry.bracket_low, entry.bracket_high, baseline.bracket_low,
+                                                        baseline.bracket_high):
+        return None
+    if entry.bracket_low >= baseline.bracket_high:
+        return "higher"
+    if entry.bracket_high <= baseline.bracket_low:
+        return "lower"
+    return "within"
+
+
+def compared(entries: list[CapacityEntry], *, traffic_rps: float | None) -> tuple[CapacityEntry, ...]:
+    """Each entry with its gain, cost change and brackets against its baseline (both found), and the replicas the
+    traffic needs at a request-rate capacity."""
+    baselines = {e.group: e for e in entries if e.is_baseline}
+    done = []
+    for entry in entries:
+        baseline = baselines.get(entry.group)
+        both = baseline is not None and entry.found and baseline.found
+        verdict = bracket_verdict(entry, baseline) if both and not entry.is_baseline else None
+        done.append(replace(
+            entry,
+            gain_vs_baseline=cost.change(entry.capacity, baseline.capacity) if both else None,
+            gain_beyond_brackets=None if verdict is None else verdict != "within",
+            usd_per_mtok_change_vs_baseline=cost.change(entry.usd_per_mtok_at_capacity,
+                                                        baseline.usd_per_mtok_at_capacity) if both else None,
+            replicas_for_traffic=cost.replicas_for(traffic_rps, entry.capacity)
+            if entry.axis == "request_rate" and entry.found else None))
+    return tuple(done)
+
+
+# --- JSON ----------------------------------------------------------------------------------------------------
+
+
+def _known(cls, data: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `cls` that `data` has (keys a later version added are not this version's to read)."""
+    names = {f.name for f in fields(cls)}
+    return {key: value for key, value in data.items() if key in names}
+
+
+def entry_from_dict(data: dict[str, Any], *, where: str = CAPACITY_FILE) -> CapacityEntry:
+    if not isinstance(data, dict):
+        raise CapacityFileError(f"{where}: not an object")
+    if missing := [key for key in REQUIRED if data.get(key) is None]:
+        raise CapacityFileError(f"{where} lacks {', '.join(missing)}")
+    values = _known(CapacityEntry, data)
+    for end in ("attainment_low", "attainment_high"):
+        if values.get(end) is not None:
+            values[end] = tuple(values[end])
+    probes = data.get("probes") or []
+    if not isinstance(probes, list) or not all(isinstance(p, dict) for p in probes):
+        raise CapacityFileError(f"{where}: `probes` is not a list of objects")
+    try:
+        values["probes"] = tuple(CapacityProbe(**_known(CapacityProbe, probe)) for probe in probes)
+        return CapacityEntry(**values)
+    except TypeError as error:
+        raise CapacityFileError(f"{where}: {error}") from None
+
+
+def document_from_dict(data: Any, *, source: str = CAPACITY_FILE) -> CapacityDocument:
+    """The document, or a CapacityFileError naming the file and the key that makes it unusable."""
+    if not isinstance(data, dict):
+        raise CapacityFileError(f"{source}: not a JSON object")
+    version = data.get("version", 1)
+    if version != VERSION:
+        raise CapacityFileError(f"{source}: version {version!r}: this specbench reads version {VERSION} (write it "
+                                "again with this version's `specbench run`)")
+    entries = data.get("configurations")
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise CapacityFileError(f"{source}: `configurations` is not a list of objects")
+    configurations = tuple(entry_from_dict(entry, where=f"{source}: configurations[{index}]")
+                           for index, entry in enumerate(entries))
+    values = _known(CapacityDocument, {**data, "configurations": configurations})
+    values.setdefault("target_attainment", 0.95)
+    values["slo"] = dict(values.get("slo") or {})
+    try:
+        return CapacityDocument(**values)
+    except TypeError as error:
+        raise CapacityFileError(f"{source}: {error}") from None
+
+
+def write_capacity(document: CapacityDocument, folder: Path) -> Path:
+    """capacity.json in `folder`, replaced whole (a reader sees the old file or the new one)."""
+    path = folder / CAPACITY_FILE
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(document.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_capacity(path: Path) -> CapacityDocument:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        text = str(error).strip().splitlines()
+        raise CapacityFileError(f"unreadable {path.name}: {text[0] if text else type(error).__name__}") from None
+    return document_from_dict(data, source=path.name)
+
+
+__all__ = ["CAPACITY_FILE", "VERSION", "CapacityDocument", "CapacityEntry", "CapacityFileError", "CapacityProbe",
+           "bracket_verdict", "compared", "document_from_dict", "entry_from_dict", "read_capacity", "write_capacity"]

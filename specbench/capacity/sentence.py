@@ -1,0 +1,91 @@
+"""A capacity in words, one way for `specbench run`, `specbench report` and `specbench tune`: the number formats
+and the sentence that says what a configuration serves within the SLO, against the baseline, at what cost."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from specbench.capacity.document import CapacityEntry
+
+
+def missing(value: Any) -> bool:
+    """None, NaN or pandas' NA: not measured."""
+    return value is None or (isinstance(value, float) and math.isnan(value)) or type(value).__name__ == "NAType"
+
+
+def number(value: float) -> str:
+    """At most two decimals, at least one: 1.3, 1.0, 1.25."""
+    text = f"{value:.2f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+def bound(value: Any, axis: str) -> str:
+    """A load without its unit: `1.3`, `6` (a concurrency is whole); `-` when there is none."""
+    if missing(value):
+        return "-"
+    return str(int(value)) if axis == "concurrency" else number(value)
+
+
+def level(value: float, axis: str) -> str:
+    """`1.3 requests/s`, `concurrency 6`."""
+    return f"concurrency {int(value)}" if axis == "concurrency" else f"{number(value)} requests/s"
+
+
+def usd(value: Any) -> str:
+    """`$0.40`; below ten cents, two significant digits (`$0.0042`)."""
+    return "-" if missing(value) else f"${value:.2f}" if value >= 0.1 else f"${value:.2g}"
+
+
+def percent_change(value: Any) -> str:
+    """`+30 %`, `-5 %`."""
+    return "-" if missing(value) else f"{value * 100:+.0f} %"
+
+
+def _capacity(entry: CapacityEntry, *, unit: bool = True) -> str:
+    """`1.3 requests/s [1.3, 1.4]` (`1.3 [1.3, 1.4]` without the unit); `at least 4.0 requests/s` when no probe
+    failed above it."""
+    at_least = "" if entry.found else "at least "
+    bracket = (f" [{bound(entry.bracket_low, entry.axis)}, {bound(entry.bracket_high, entry.axis)}]"
+               if not missing(entry.bracket_high) else "")
+    value = level(entry.capacity, entry.axis) if unit else bound(entry.capacity, entry.axis)
+    return f"{at_least}{value}{bracket}"
+
+
+def capacity_sentence(entry: CapacityEntry, baseline: CapacityEntry | None, *, usd_per_hour: float | None,
+                      traffic_rps: float | None) -> str:
+    """`ngram γ3 holds the SLO up to 1.3 requests/s [1.3, 1.4] against the baseline's 1.0 [1.0, 1.1]: +30 %,
+    $0.52 → $0.40 per 1M output tokens (-23 %); 3 replicas for 5.0 requests/s against 4`: the gain says when it lies
+    within the brackets (not measurably different); the cost appears with a price (`usd_per_hour`), the replicas
+    with a traffic figure; a status other than found and the search's note close the sentence."""
+    name, axis = entry.configuration, entry.axis
+    if missing(entry.capacity):
+        return f"{name}: no {'concurrency' if axis == 'concurrency' else 'request-rate'} capacity found ({entry.status})"
+    text = f"{name} holds the SLO up to {_capacity(entry)}"
+    cost = None if missing(entry.usd_per_mtok_at_capacity) or missing(usd_per_hour) else entry.usd_per_mtok_at_capacity
+    replicas = None if missing(entry.replicas_for_traffic) or missing(traffic_rps) else int(entry.replicas_for_traffic)
+    if entry.is_baseline:
+        if cost is not None:
+            text += f": {usd(cost)} per 1M output tokens at capacity"
+        if replicas is not None:
+            text += f"; {replicas} replicas for {number(traffic_rps)} requests/s"
+    elif baseline is None:
+        text += "; there is no baseline to compare with"
+    elif missing(baseline.capacity):
+        text += f"; the baseline's capacity was not found ({baseline.status})"
+    else:
+        text += f" against the baseline's {_capacity(baseline, unit=False)}"
+        parts = []
+        if not missing(entry.gain_vs_baseline):
+            parts.append(percent_change(entry.gain_vs_baseline) + (
+                " (within the brackets: not measurably different)" if entry.gain_beyond_brackets is False else ""))
+        if cost is not None and not missing(baseline.usd_per_mtok_at_capacity):
+            change = entry.usd_per_mtok_change_vs_baseline
+            parts.append(f"{usd(baseline.usd_per_mtok_at_capacity)} → {usd(cost)} per 1M output tokens"
+                         + ("" if missing(change) else f" ({percent_change(change)})"))
+        text += (": " + ", ".join(parts)) if parts else ""
+        if replicas is not None and not missing(baseline.replicas_for_traffic):
+            text += (f"; {replicas} replicas for {number(traffic_rps)} requests/s against "
+                     f"{int(baseline.replicas_for_traffic)}")
+    text += "" if entry.found else f" ({entry.status})"
+    return text + (f" ({entry.note})" if not missing(entry.note) else "")

@@ -1,0 +1,5 @@
+"""`python -m specbench.cli ...`: the same command line as `specbench ...`."""
+
+from specbench.cli import main
+
+main()

@@ -1,0 +1,61 @@
+"""`specbench run [PROFILE]`: sweep drafts x gamma x temperature (x load) against the baseline and record every
+request."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from specbench.cli.common import fail, profile_path
+from specbench.ui.console import console
+from specbench.core.errors import OneLineError
+from specbench.core.results import default_out_dir
+from specbench.profile import DEFAULT_PROFILE, ProfileError, load_profile, with_overrides
+from specbench.ui.run import SweepProgress, print_capacity, print_run_summary
+
+
+def run(
+    profile: Annotated[Optional[Path], typer.Argument(help=f"Profile TOML (default: {DEFAULT_PROFILE}).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Output folder (default: results/<profile name>).")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Start over instead of resuming the points already done.")] = False,
+    backend: Annotated[Optional[str], typer.Option(help="native (instrumented engine) or hf (transformers generate).")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
+    max_prompts: Annotated[Optional[int], typer.Option(help="Use only the first N prompts of the workload.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Share the sweep through this Optuna storage URL (postgresql://, mysql://, sqlite:///) or journal file; every process that joins runs the points not yet claimed (default with --study or --workers: study.db in the output folder).")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name of a shared sweep (default: <profile name>-run).")] = None,
+    workers: Annotated[int, typer.Option(help="Local worker processes sharing the sweep (one per visible GPU where there are GPUs).")] = 1,
+    usd_per_hour: Annotated[Optional[float], typer.Option(help="Price of one replica per hour (overrides [cost] usd_per_hour): the cost per 1M output tokens per point and at capacity.")] = None,
+    traffic: Annotated[Optional[float], typer.Option(help="Requests/s to serve (overrides [cost] traffic_rps): the replicas each configuration needs at its capacity.")] = None,
+    compiled: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Native backend: static KV caches and compiled steps (CUDA graphs on a GPU); overrides run.compile (default: on a GPU, off on a CPU).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")] = False,
+) -> None:
+    """Sweep drafts x gamma x temperature against the baseline; record every request into parquet."""
+    from specbench.sweep import run_profile  # the sweep and its backends load only when a run starts
+
+    path = profile_path(profile)
+    try:
+        loaded = with_overrides(load_profile(path), backend=backend, device=device, max_prompts=max_prompts,
+                                usd_per_hour=usd_per_hour, traffic_rps=traffic, compile=compiled)
+    except ProfileError as error:
+        fail(str(error))
+    out_dir = out or default_out_dir(loaded.name)
+    out_console = console(stderr=json_output)
+    try:
+        with SweepProgress(out_console) as progress:
+            result = run_profile(loaded, out=out_dir, fresh=fresh, storage=storage, study=study, workers=workers,
+                                 observer=progress)
+    except OneLineError as error:
+        fail(str(error))
+    print_run_summary(out_console, result.points, str(out_dir), probes=result.capacity_probes)
+    if result.capacity is not None:
+        print_capacity(out_console, result.capacity)
+    if json_output:
+        points = json.loads(result.points.to_json(orient="records"))
+        summary = {"out_dir": str(out_dir), "failed": result.failed, "ran": result.ran, "points": points,
+                   **({"capacity": result.capacity.to_dict()} if result.capacity is not None else {})}
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    raise typer.Exit(1 if result.failed or result.capacity_not_found else 0)
