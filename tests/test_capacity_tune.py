@@ -57,6 +57,7 @@ def test_a_capacity_tune_needs_a_capacity_table(tmp_path, monkeypatch):
 def test_the_recommendation_panel_says_the_capacity_and_cost_beside_the_baselines():
     from rich.console import Console
 
+    from specbench.tune.document import Recommendation
     from specbench.ui.tune import recommendation_panel
 
     capacity = {"capacity_rps": 1.68, "bracket": [1.68, 1.83], "status": "found", "baseline_capacity_rps": 1.3,
@@ -68,7 +69,7 @@ def test_the_recommendation_panel_says_the_capacity_and_cost_beside_the_baseline
               "engine_settings": {"vllm": {"args": []}, "llama_cpp": {}}, "capacity": capacity, "evaluations": 3,
               "trials": 3}
     console = Console(width=200, record=True)
-    console.print(recommendation_panel({"temperatures": [choice], "space_size": 3, "objective": {"name": "capacity"}}))
+    console.print(recommendation_panel(Recommendation(objective={"name": "capacity"}, temperatures=[choice], space_size=3)))
     assert ("ngram-n2-g3-t0-p1 holds the SLO up to 1.68 requests/s [1.68, 1.83] against the baseline's 1.3 [1.3, 1.41]: "
             "+29 %, $16.33 → $12.93 per 1M output tokens; 3 replicas for 5.0 requests/s against 4"
             ) in " ".join(console.export_text().split())

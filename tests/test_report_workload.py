@@ -53,11 +53,11 @@ def dataset_run(tmp_path: Path) -> Path:
     baseline = requests["point_id"] == "baseline-t0-p1"
     requests.loc[baseline, "output_tokens"] = requests.loc[baseline, "prompt_id"].map(BASELINE_OUTPUT_TOKENS)
     requests.to_parquet(folder / results.REQUESTS_FILE, index=False)
-    manifest = json.loads((folder / results.MANIFEST_FILE).read_text())
+    manifest = json.loads((folder / "manifest.json").read_text())
     manifest["workload"] = {"prompts": "builtin:sharegpt", "prompt_ids": list(PROMPTS),
                             "prompt_tokens": WORKLOAD.prompt_tokens, "max_new_tokens": WORKLOAD.max_new_tokens,
                             "stats": WORKLOAD.stats()}
-    (folder / results.MANIFEST_FILE).write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
 
@@ -98,9 +98,9 @@ def test_a_single_turn_workload_without_a_dataset_says_only_what_applies(tmp_pat
     workload = Workload(prompts=list(single.values()), prompt_ids=[[0] * 10] * 4, max_new_tokens=[32] * 4,
                         ignore_eos=False, source={})
     folder = write_run(tmp_path / "mixed", RUN_A)
-    manifest = json.loads((folder / results.MANIFEST_FILE).read_text())
+    manifest = json.loads((folder / "manifest.json").read_text())
     manifest["workload"] = {"prompts": "prompts.jsonl", "prompt_ids": list(single), "stats": workload.stats()}
-    (folder / results.MANIFEST_FILE).write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
     assert workload_section(render(build_report([folder]), Format.md))[:4] == [
         "- 4 requests", *LENGTHS_HEADER, "| prompt tokens (sent) | 10.0 | 10.0 | 10.0 |"]
 

@@ -210,7 +210,7 @@ def test_the_smaller_gamma_wins_a_near_tie():
 def test_pareto_mode_returns_the_front(tmp_path):
     result = tune(None, out_dir=tmp_path, replay=GRID,
                   settings=TuneSettings(objective=parse_objective("pareto"), trials=10, seed=0))
-    for choice in result.recommendation["temperatures"]:
+    for choice in result.recommendation.temperatures:
         front = choice["pareto_front"]
         assert front and all(a["tokens_per_s"] >= b["tokens_per_s"] for a, b in zip(front, front[1:]))
         assert all(a["peak_memory_mb"] >= b["peak_memory_mb"] for a, b in zip(front, front[1:]))

@@ -66,7 +66,7 @@ def test_tune_reaches_the_grid_best_within_3_percent_with_30_percent_of_the_eval
     budget = math.floor(SHARE * grid_size)
     result = tune(None, out_dir=tmp_path, replay=GRID,
                   settings=TuneSettings(objective=parse_objective("tokens_per_s"), trials=budget, seed=seed))
-    for choice in result.recommendation["temperatures"]:
+    for choice in result.recommendation.temperatures:
         needed = evaluations_to_within(result.trials, objectives, temperature=choice["temperature"], maximize=True)
         print(f"seed {seed} temperature {choice['temperature']:g}: within 3 % after {needed} of {grid_size} evaluations")
         assert needed <= budget

@@ -92,7 +92,7 @@ def record(folder: Path, data: dict = PROFILE) -> Path:
     results.write_parquet_atomic(points, folder / results.POINTS_FILE)
     manifest = {"run_key": "simulated", "profile_toml": dump_profile(profile),
                 "workload": {"prompts": "simulated", "prompt_ids": PROMPTS}, "status": "complete"}
-    results.write_json_atomic(manifest, folder / results.MANIFEST_FILE)
+    results.write_json_atomic(manifest, folder / "manifest.json")
     return folder
 
 
@@ -119,7 +119,7 @@ def test_a_trial_is_measured_at_every_level_and_its_value_is_the_mix(grid, tmp_p
 def test_per_level_best_crossover_and_a_gamma_schedule_vllm_takes(grid, tmp_path):
     result = tune(None, out_dir=tmp_path, replay=grid,
                   settings=TuneSettings(objective=parse_objective("tokens_per_s"), trials=4, seed=0))
-    (choice,) = result.recommendation["temperatures"]
+    (choice,) = result.recommendation.temperatures
     load = choice["load"]
     levels = {entry["load"]: entry for entry in load["levels"]}
     assert [entry["load"] for entry in load["levels"]] == ["concurrency 1", "concurrency 2", "concurrency 4"]

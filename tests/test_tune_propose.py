@@ -75,5 +75,5 @@ def test_fewer_trials_than_configurations_are_that_many_trials_numbered_without_
     trials = result.trials
     assert list(trials["number"]) == list(range(6)) and (trials["state"] != "FAIL").all()
     assert trials["point_id"].is_unique
-    (choice,) = result.recommendation["temperatures"]
+    (choice,) = result.recommendation.temperatures
     assert choice["evaluations"] == choice["trials"] == 6 and not choice["space_exhausted"]

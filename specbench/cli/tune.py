@@ -64,4 +64,4 @@ def tune(
         fail(str(error))
     print_tune_summary(out_console, result.trials, result.recommendation, str(out_dir))
     if json_output:
-        sys.stdout.write(json.dumps(result.recommendation, indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(result.recommendation.to_dict(), indent=2, default=str) + "\n")

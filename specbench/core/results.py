@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 REQUESTS_FILE = "requests.parquet"
 POINTS_FILE = "points.parquet"
-MANIFEST_FILE = "manifest.json"
 RESULTS_DIR = Path("results")
 
 

@@ -1,6 +1,6 @@
 """`specbench report`: tables, plots and comparisons from the result folders `specbench run` writes.
 
-    load.py      find and read result folders; skip unreadable ones with a reason
+    folders.py   find and read result folders; skip unreadable ones with a reason
     tables.py    the tables as DataFrames (filter, sort, per category, speedup by load, comparison, Pareto front)
     load_tables.py  under load: the crossover per configuration and load axis, goodput against the SLO
     capacity.py  capacity.json: capacity per configuration, its bracket and probes, gain and cost

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from specbench.core.manifest import Manifest
 from specbench.report import load_tables, predictions, tables
 from specbench.report.capacity import CapacityReport, capacity_report
 from specbench.report.folders import Run, Skipped, load_runs
@@ -58,7 +59,7 @@ class RunReport:
     @property
     def launches(self) -> list[dict[str, str]]:
         """What a server backend launched: per launch, the point that launched it, the command line and its log."""
-        launches = (self.run.manifest.get("server") or {}).get("launches") or []
+        launches = (self.run.manifest.server or {}).get("launches") or []
         return [{"point": str(launch.get("point")), "command": shlex.join(str(a) for a in launch.get("argv") or []),
                  "log": str(launch.get("log"))} for launch in launches]
 
@@ -126,9 +127,9 @@ def run_summary(run: Run) -> str:
     """One line from the manifest: target, backend, device (or the serving engine, its version and launch
     settings), workload, when, status."""
     manifest = run.manifest
-    profile = manifest.get("profile") or {}
-    environment = manifest.get("environment") or {}
-    target = (((manifest.get("models") or {}).get("target") or {}).get("model")
+    profile = manifest.profile or {}
+    environment = manifest.environment or {}
+    target = (((manifest.models or {}).get("target") or {}).get("model")
               or (profile.get("target") or {}).get("model"))
     device = environment.get("device_name") or environment.get("device")
     parts = [
@@ -137,19 +138,19 @@ def run_summary(run: Run) -> str:
         f"device {device}" if device else None,
         server_summary(manifest),
         f"workload {(profile.get('workload') or {}).get('prompts')}" if profile.get("workload") else None,
-        f"started {manifest['started_at']}" if manifest.get("started_at") else None,
-        f"status {manifest['status']}" if manifest.get("status") else None,
+        f"started {manifest.started_at}" if manifest.started_at else None,
+        f"status {manifest.status}" if manifest.status else None,
     ]
     return ", ".join(p for p in parts if p) or "no manifest.json"
 
 
-def server_summary(manifest: dict) -> str | None:
+def server_summary(manifest: Manifest) -> str | None:
     """`engine vllm 0.11.0 launched with --dtype float32 (env VLLM_CPU_KVCACHE_SPACE=2), 5 launches`, `engine
     vllm at http://host:8000 (attached)`; None for a run without a server."""
-    server = manifest.get("server")
+    server = manifest.server
     if not server:
         return None
-    settings = (manifest.get("profile") or {}).get("server") or {}
+    settings = (manifest.profile or {}).get("server") or {}
     engine = f"engine {server.get('engine') or settings.get('engine')}"
     if server.get("attached"):
         return f"{engine} at {server['attached']} (attached)"

@@ -3,19 +3,18 @@ skipped with a one-line reason; the others still make a report."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
+from specbench.tune.document import RECOMMENDATION_FILE, Recommendation, RecommendationError, read_recommendation
+from specbench.core.manifest import MANIFEST_FILE, Manifest, ManifestError, read_manifest
 from specbench.capacity.document import CAPACITY_FILE, CapacityDocument, CapacityFileError, read_capacity
 from specbench.core import results
 from specbench.core.errors import OneLineError
 
 TRIALS_FILE = "trials.parquet"  # written by `specbench tune`, with recommendation.json
-RECOMMENDATION_FILE = "recommendation.json"
 
 # The columns the report reads; a folder missing any of them is skipped.
 POINT_COLUMNS_USED = (
@@ -39,7 +38,7 @@ class Tune:
     (empty when recommendation.json is missing)."""
 
     trials: pd.DataFrame
-    recommendation: dict[str, Any]
+    recommendation: Recommendation | None
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ class Run:
     path: Path
     points: pd.DataFrame
     requests: pd.DataFrame
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: Manifest = field(default_factory=Manifest)
     tune: Tune | None = None
     capacity: CapacityDocument | None = None  # capacity.json (None when the folder has none)
 
@@ -99,7 +98,7 @@ def _result_folders(given: str | Path) -> list[Path]:
 
 
 def _looks_like_results(folder: Path) -> bool:
-    names = (results.POINTS_FILE, results.REQUESTS_FILE, results.MANIFEST_FILE, TRIALS_FILE)
+    names = (results.POINTS_FILE, results.REQUESTS_FILE, MANIFEST_FILE, TRIALS_FILE)
     return any((folder / name).exists() for name in names)
 
 
@@ -123,7 +122,7 @@ def _read_run(folder: Path) -> Run | Skipped:
         return Skipped(folder, requests)
     if "error" in requests:  # a failed request (kept as a row with its error) has no output lengths or times
         requests = requests[requests["error"].isna()].reset_index(drop=True)
-    manifest = _read_manifest(folder / results.MANIFEST_FILE)
+    manifest = _run_manifest(folder / MANIFEST_FILE)
     if isinstance(manifest, str):
         return Skipped(folder, manifest)
     capacity = _read_capacity(folder / CAPACITY_FILE) if (folder / CAPACITY_FILE).exists() else None
@@ -138,9 +137,10 @@ def _read_tune(folder: Path) -> Tune | str:
     if isinstance(trials, str):
         return trials
     path = folder / RECOMMENDATION_FILE
-    recommendation = _read_manifest(path) if path.exists() else {}
-    if isinstance(recommendation, str):
-        return recommendation
+    try:
+        recommendation = read_recommendation(path) if path.exists() else None
+    except RecommendationError as error:
+        return str(error)
     return Tune(trials=trials, recommendation=recommendation)
 
 
@@ -165,14 +165,14 @@ def _read_parquet(path: Path, columns: tuple[str, ...]) -> pd.DataFrame | str:
     return frame
 
 
-def _read_manifest(path: Path) -> dict[str, Any] | str:
+def _run_manifest(path: Path) -> Manifest | str:
+    """manifest.json (empty where the folder has none), or why it cannot be used."""
     if not path.exists():
-        return {}
+        return Manifest()
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return f"unreadable {path.name}: {_first_line(error)}"
-    return manifest if isinstance(manifest, dict) else f"unreadable {path.name}: not a JSON object"
+        return read_manifest(path)
+    except ManifestError as error:
+        return str(error)
 
 
 def _read_capacity(path: Path) -> CapacityDocument | str:

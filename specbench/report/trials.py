@@ -69,15 +69,15 @@ def study_reports(tune: Tune, filters: list[Filter]) -> list[StudyReport]:
     """One per study, in temperature order. Filters apply to trials as to points (trials carry the
     point columns), so `--filter temperature=0` keeps that study alone."""
     trials = apply_filters(tune.trials, filters) if filters else tune.trials
-    objective = tune.recommendation.get("objective") or {}
+    objective = tune.recommendation.objective if tune.recommendation else {}
     columns, directions = objective.get("columns") or [None], objective.get("directions") or [None]
-    entries = {entry.get("study"): entry for entry in tune.recommendation.get("temperatures") or []}
+    entries = {entry.get("study"): entry for entry in (tune.recommendation.temperatures if tune.recommendation else [])}
     reports = []
     for study, group in sorted(trials.groupby("study", sort=False),
                                key=lambda item: (item[1]["temperature"].iloc[0], item[1]["top_p"].iloc[0])):
         ran = group[~group["role"].isin(NOT_RUN)].sort_values("number")
         importances, note = parameter_importances(ran, direction=directions[0],
-                                                  space=tune.recommendation.get("search_space"))
+                                                  space=tune.recommendation.search_space if tune.recommendation else None)
         reports.append(StudyReport(
             study=str(study), temperature=float(group["temperature"].iloc[0]), top_p=float(group["top_p"].iloc[0]),
             objective=columns[0], direction=directions[0], trials=_with_best_so_far(ran, directions[0]),

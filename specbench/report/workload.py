@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from specbench.core.manifest import Manifest
 from specbench.report.tables import fmt
 from specbench.workloads.build import length_stats
 
@@ -29,10 +30,10 @@ class WorkloadReport:
     generated_requests: int  # how many (repeats included)
 
 
-def workload_report(manifest: dict[str, Any], points: pd.DataFrame, requests: pd.DataFrame) -> WorkloadReport | None:
+def workload_report(manifest: Manifest, points: pd.DataFrame, requests: pd.DataFrame) -> WorkloadReport | None:
     """The run's workload, from all its points (--filter does not change what was sent); None when the folder
     records none (no workload in the manifest and no request rows)."""
-    workload = manifest.get("workload") or {}
+    workload = manifest.workload or {}
     if not workload and not len(requests):
         return None
     stats = workload.get("stats") or older_stats(workload)

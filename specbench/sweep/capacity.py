@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from specbench.core.manifest import read_manifest, write_manifest
 from specbench.capacity.document import CapacityDocument, compared, entry_from_dict, write_capacity
 from specbench.core import results, summary
 from specbench.capacity.search import (Done, Next, Probe, SearchSettings, conclude, decide, fewest_to_confirm, next_probe,
@@ -190,12 +191,12 @@ class CapacitySearch:
 
     def _write_manifest(self) -> None:
         with self.files.lock():
-            data = json.loads(self.files.manifest_path.read_text())
-            data["capacity"] = [{key: entry.get(key) for key in (
+            data = read_manifest(self.files.manifest_path)
+            data.capacity = [{key: entry.get(key) for key in (
                 "configuration", "temperature", "top_p", "axis", "status", "capacity", "bracket_low", "bracket_high")}
                 | {"decisions": [f"{p['load']:g}: {p['n_requests']} requests, {p['met']} met: {p['decision']}; "
                                  f"{p['next']}" for p in entry["probes"]]} for entry in self.entries]
-            results.write_json_atomic(data, self.files.manifest_path)
+            write_manifest(data, self.files.manifest_path)
 
 
 class ProbeFailed(RuntimeError):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 import specbench
+from specbench.core.manifest import MANIFEST_FILE, Manifest, ManifestError, read_manifest, write_manifest
 from specbench.core import results, summary
 from specbench.core.contention import ADVICE
 from specbench.profile import dump_profile
@@ -45,7 +46,7 @@ class RunFiles:
 
     def __init__(self, out_dir: Path):
         self.out_dir = out_dir
-        self.manifest_path = out_dir / results.MANIFEST_FILE
+        self.manifest_path = out_dir / MANIFEST_FILE
 
     @contextmanager
     def lock(self, name: str = "files") -> Iterator[None]:
@@ -65,14 +66,14 @@ class RunFiles:
             keys = {spec.point_id: ctx.point_key(spec) for spec in planned}
             requests, context, earlier = _resume(self.out_dir, ctx.run_key, keys, fresh=fresh)
             if len(requests):  # the points it resumes were predicted with its verify timing: keep it
-                ctx.reuse_verify_ms_by_tokens(_recorded(self.manifest_path).get("verify_ms_by_tokens"))
+                ctx.reuse_verify_ms_by_tokens(_recorded(self.manifest_path).verify_ms_by_tokens)
             if not len(requests):
                 (self.out_dir / results.REQUESTS_FILE).unlink(missing_ok=True)
             _write(self.out_dir, planned + earlier, requests, {}, context, slo=ctx.profile.slo.limits(),
                    usd_per_hour=ctx.profile.cost.usd_per_hour,
                    verify_ms_by_tokens=ctx.verify_ms_by_tokens())
             started = _previous_start(self.manifest_path, fresh)
-            results.write_json_atomic(manifest(ctx, started=started), self.manifest_path)
+            write_manifest(manifest(ctx, started=started), self.manifest_path)
         return earlier
 
     def recorded(self, spec: PointSpec, ctx: RunContext) -> pd.DataFrame | None:
@@ -109,22 +110,22 @@ class RunFiles:
                           slo=ctx.profile.slo.limits(), usd_per_hour=ctx.profile.cost.usd_per_hour,
                    verify_ms_by_tokens=ctx.verify_ms_by_tokens())
 
-    def finish(self, points: pd.DataFrame, ctx: RunContext | None = None) -> dict[str, Any]:
+    def finish(self, points: pd.DataFrame, ctx: RunContext | None = None) -> Manifest:
         """Mark the manifest finished (with what a server backend launched meanwhile); returns it."""
         with self.lock():
-            data = json.loads(self.manifest_path.read_text())
+            data = read_manifest(self.manifest_path)
             described = ctx.session.describe() if ctx is not None else {}
             launched = described.get("server")
             if "compile" in described:  # buckets compiled after the start (a gamma beyond the profile's)
-                data["compile"] = described["compile"]
+                data.compile = described["compile"]
             if launched is not None:
-                previous = (data.get("server") or {}).get("launches", [])
-                data["server"] = {**launched, "launches": previous + [
+                previous = (data.server or {}).get("launches", [])
+                data.server = {**launched, "launches": previous + [
                     launch for launch in launched["launches"] if launch not in previous]}
-            data["finished_at"] = _now()
-            data["status"] = "failed points" if (points["status"] == "failed").any() else "complete"
-            data["conditions"] = conditions(points)
-            results.write_json_atomic(data, self.manifest_path)
+            data.finished_at = _now()
+            data.status = "failed points" if (points["status"] == "failed").any() else "complete"
+            data.conditions = conditions(points)
+            write_manifest(data, self.manifest_path)
         return data
 
     def read(self) -> tuple[pd.DataFrame | None, pd.DataFrame]:
@@ -155,13 +156,13 @@ def _resume(out_dir: Path, run_key: str, keys: dict[str, str], *, fresh: bool):
     their constant columns, and the specs of done points the profile no longer plans. Failed points,
     points whose draft changed, and requests of points that were not finished are dropped (rerun)."""
     empty = pd.DataFrame(), {}, []
-    manifest_path = out_dir / results.MANIFEST_FILE
+    manifest_path = out_dir / MANIFEST_FILE
     if fresh or not manifest_path.exists():
         for name in (results.REQUESTS_FILE, results.POINTS_FILE):
             (out_dir / name).unlink(missing_ok=True)
         return empty
-    previous = json.loads(manifest_path.read_text())
-    if previous.get("run_key") != run_key:
+    previous = read_manifest(manifest_path)
+    if previous.run_key != run_key:
         raise ResumeError(
             f"{out_dir}: holds a run of another target, workload or run settings; "
             "use --fresh to replace it or --out DIR to keep both"
@@ -204,42 +205,39 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _recorded(manifest_path: Path) -> dict[str, Any]:
+def _recorded(manifest_path: Path) -> Manifest:
     try:
-        return json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
+        return read_manifest(manifest_path)
+    except ManifestError:
+        return Manifest()
 
 
 def _previous_start(manifest_path: Path, fresh: bool) -> str:
     if not fresh and manifest_path.exists():
-        return json.loads(manifest_path.read_text()).get("started_at", _now())
+        return read_manifest(manifest_path).started_at or _now()
     return _now()
 
 
-def manifest(ctx: RunContext, *, started: str) -> dict[str, Any]:
+def manifest(ctx: RunContext, *, started: str) -> Manifest:
     described = ctx.session.describe()
-    return {
-        "specbench_version": specbench.__version__,
-        "run_key": ctx.run_key,
-        "profile": json.loads(json.dumps(ctx.profile.model_dump(mode="json"))),
-        "profile_toml": dump_profile(ctx.profile),
-        "profile_path": str(ctx.profile.source) if ctx.profile.source else None,
-        "models": described["models"],
-        "workload": {"prompts": ctx.profile.workload.prompts, "fingerprint": workload_fingerprint(ctx.session.prompts),
-                     "prompt_ids": [p.prompt_id for p in ctx.session.prompts],
-                     "prompt_tokens": list(ctx.session.prompt_tokens),
-                     "max_new_tokens": list(ctx.session.workload.max_new_tokens),
-                     "stats": ctx.session.workload.stats()},
-        "environment": described["environment"],
-        **({"server": described["server"]} if "server" in described else {}),
-        # native: static caches and compiled steps, and what compiling cost (seconds per model and step bucket)
-        **({"compile": described["compile"]} if "compile" in described else {}),
+    return Manifest(
+        specbench_version=specbench.__version__,
+        run_key=ctx.run_key,
+        profile=json.loads(json.dumps(ctx.profile.model_dump(mode="json"))),
+        profile_toml=dump_profile(ctx.profile),
+        profile_path=str(ctx.profile.source) if ctx.profile.source else None,
+        models=described["models"],
+        workload={"prompts": ctx.profile.workload.prompts, "fingerprint": workload_fingerprint(ctx.session.prompts),
+                  "prompt_ids": [p.prompt_id for p in ctx.session.prompts],
+                  "prompt_tokens": list(ctx.session.prompt_tokens),
+                  "max_new_tokens": list(ctx.session.workload.max_new_tokens),
+                  "stats": ctx.session.workload.stats()},
+        environment=described["environment"],
+        server=described.get("server"),
+        compile=described.get("compile"),  # native: static caches and compiled steps, and what compiling cost
         # the target's forward pass at k = 1.. tokens (ms), timed once per run: the verify costs of the speedups
         # predicted from each draft's largest gamma (max_gamma_predicted_speedup)
-        **({"verify_ms_by_tokens": list(ctx.verify_ms_by_tokens())}
-           if ctx.verify_ms_by_tokens() else {}),
-        "started_at": started,
-        "finished_at": None,
-        "status": "running",
-    }
+        verify_ms_by_tokens=list(ctx.verify_ms_by_tokens()) or None,
+        started_at=started,
+        status="running",
+    )

@@ -14,7 +14,6 @@ SQLite two processes can both win; a trial created by `ask` belongs to one proce
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
+from specbench.core.manifest import MANIFEST_FILE, read_manifest
 from specbench.core import results
 from specbench.profile import Profile
 from specbench.core.results import PointSpec, stable_hash
@@ -68,14 +68,14 @@ def run_grid(profile: Profile, *, out_dir: Path, storage: str | None = None, stu
     plan = GridPlan(profile, out_dir, url, study or f"{profile.name}-run")
     if fresh:
         delete_study(store, plan.study)
-        for name in (results.REQUESTS_FILE, results.POINTS_FILE, results.MANIFEST_FILE):
+        for name in (results.REQUESTS_FILE, results.POINTS_FILE, MANIFEST_FILE):
             (out_dir / name).unlink(missing_ok=True)
     if workers == 1:
         return work(plan, observer=observer)
     run_workers(_worker_main, plan, workers=workers, observer=observer)
     files = RunFiles(out_dir)
     points, requests = files.read()
-    return RunResult(out_dir, points, requests, json.loads(files.manifest_path.read_text()))
+    return RunResult(out_dir, points, requests, read_manifest(files.manifest_path))
 
 
 def work(plan: GridPlan, *, observer: SweepObserver) -> RunResult:

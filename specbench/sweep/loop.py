@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
+from specbench.core.manifest import Manifest
 from specbench.backends import AfterPrompt
 from specbench.core.contention import ConditionsProbe
 from specbench.core.errors import one_line
@@ -46,7 +47,7 @@ class RunResult:
     out_dir: Path
     points: pd.DataFrame
     requests: pd.DataFrame
-    manifest: dict[str, Any]
+    manifest: Manifest
     ran: list[str] = field(default_factory=list)  # point ids run by this call (the others were resumed)
     capacity: CapacityDocument | None = None  # capacity.json, where the profile asks for a capacity search
     capacity_probes: list[str] = field(default_factory=list)  # the points it added to the sweep's

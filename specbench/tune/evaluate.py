@@ -10,7 +10,6 @@ prune raises `Pruned`, which passes through the runner's failure handling (it is
 
 from __future__ import annotations
 
-import json
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
+from specbench.core.manifest import MANIFEST_FILE, ManifestError, read_manifest
 from specbench.core import results
 from specbench.profile import Profile, ProfileError, profile_from_dict
 from specbench.core.results import PointSpec
@@ -105,23 +105,25 @@ class Live:
 
 class Replay:
     def __init__(self, folder: Path):
-        manifest_path = folder / results.MANIFEST_FILE
+        manifest_path = folder / MANIFEST_FILE
         points = results.read_parquet(folder / results.POINTS_FILE)
         requests = results.read_parquet(folder / results.REQUESTS_FILE)
         if not manifest_path.is_file() or points is None or requests is None:
             raise TuneError(f"--replay {folder}: not a run folder (needs manifest.json, points.parquet and "
                             "requests.parquet written by specbench run)")
-        manifest = json.loads(manifest_path.read_text())
         try:
-            self.profile: Profile = profile_from_dict(tomllib.loads(manifest["profile_toml"]))
-        except (KeyError, tomllib.TOMLDecodeError, ProfileError) as error:
+            manifest = read_manifest(manifest_path)
+            if manifest.profile_toml is None:
+                raise ProfileError("it has no profile_toml")
+            self.profile: Profile = profile_from_dict(tomllib.loads(manifest.profile_toml))
+        except (ManifestError, tomllib.TOMLDecodeError, ProfileError) as error:
             raise TuneError(f"--replay {folder}: manifest.json: its profile cannot be used: {error}") from None
         self.folder = folder
         self.points = points[points["status"] == "ok"]
         self.requests = requests
-        self.prompt_order = list(manifest.get("workload", {}).get("prompt_ids") or dict.fromkeys(requests["prompt_id"]))
+        self.prompt_order = list(manifest.workload.get("prompt_ids") or dict.fromkeys(requests["prompt_id"]))
         # the target's forward pass at k = 1.. tokens, as the recorded run timed it (older recordings have none)
-        self.verify_ms_by_tokens = tuple(float(v) for v in manifest.get("verify_ms_by_tokens") or ())
+        self.verify_ms_by_tokens = tuple(float(v) for v in manifest.verify_ms_by_tokens or ())
 
     def baseline(self, temperature: float, top_p: float, *, concurrency: int | None = 1,
                  request_rate: float | None = None) -> tuple[PointSpec, pd.DataFrame]:

@@ -10,10 +10,11 @@ from typing import Any
 import optuna
 import pandas as pd
 
+from specbench.tune.document import Recommendation, write_recommendation
 from specbench.core import results
 from specbench.profile import dump_profile, profile_from_dict
 from specbench.scaleout.storage import masked
-from specbench.tune.plan import RECOMMENDATION_JSON, RECOMMENDATION_TOML, TRIALS_FILE, Plan, TuneResult
+from specbench.tune.plan import RECOMMENDATION_TOML, TRIALS_FILE, Plan, TuneResult
 from specbench.engines import ENGINES
 from specbench.tune.load import max_num_seqs, mix_value
 from specbench.tune.load import recommend as load_recommend
@@ -91,26 +92,25 @@ def write(plan: Plan, studies: dict[str, optuna.Study]) -> TuneResult:
         choices.append(_recommendation(plan, group, rows, engines=engines,
                                        baselines=study.user_attrs.get("load_baselines"),
                                        capacity_baseline=study.user_attrs.get(CAPACITY_BASELINE)))
-    recommendation = {
-        "objective": {"name": plan.settings.objective.name, "columns": list(plan.settings.objective.columns),
-                      "directions": list(plan.settings.objective.directions)},
-        "constraints": {"max_peak_memory_mb": plan.settings.constraints.max_peak_memory_mb,
-                        "min_acceptance_rate": plan.settings.constraints.min_acceptance_rate},
-        "tolerance": plan.settings.tolerance, "seed": plan.settings.seed, "storage": masked(plan.storage_url),
+    recommendation = Recommendation(
+        objective={"name": plan.settings.objective.name, "columns": list(plan.settings.objective.columns),
+                   "directions": list(plan.settings.objective.directions)},
+        constraints={"max_peak_memory_mb": plan.settings.constraints.max_peak_memory_mb,
+                     "min_acceptance_rate": plan.settings.constraints.min_acceptance_rate},
+        tolerance=plan.settings.tolerance, seed=plan.settings.seed, storage=masked(plan.storage_url),
         # the analytic warm start: how many predicted-best configurations follow the calibration, or why none
-        "warm_start": {"configurations": plan.settings.warm_start, "available": plan.warm_start_unavailable is None,
-                       "reason": plan.warm_start_unavailable},
-        "replay": str(plan.replay) if plan.replay else None, "profile": plan.profile.name,
-        "target": plan.profile.target.model, "search_space": plan.space.describe(),
-        "space_size": len(plan.space.configs()), "temperatures": choices,
-    }
-    if len(plan.levels) > 1:
-        recommendation["load_levels"] = [level.as_dict() for level in plan.levels]
+        warm_start={"configurations": plan.settings.warm_start, "available": plan.warm_start_unavailable is None,
+                    "reason": plan.warm_start_unavailable},
+        replay=str(plan.replay) if plan.replay else None, profile=plan.profile.name,
+        target=plan.profile.target.model, search_space=plan.space.describe(),
+        space_size=len(plan.space.configs()), temperatures=choices,
+        load_levels=[level.as_dict() for level in plan.levels] if len(plan.levels) > 1 else None,
+    )
     profile_toml = recommendation_profile(plan, choices)
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     frame = trials_frame(all_rows)
     results.write_parquet_atomic(frame, plan.out_dir / TRIALS_FILE)
-    results.write_json_atomic(recommendation, plan.out_dir / RECOMMENDATION_JSON)
+    write_recommendation(recommendation, plan.out_dir)
     (plan.out_dir / RECOMMENDATION_TOML).write_text(profile_toml)
     return TuneResult(plan.out_dir, frame, recommendation, profile_toml)
 

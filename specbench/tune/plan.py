@@ -10,6 +10,8 @@ from typing import Any
 
 import pandas as pd
 
+from specbench.tune.document import RECOMMENDATION_FILE, Recommendation
+from specbench.core.manifest import MANIFEST_FILE
 from specbench.core import results
 from specbench.profile import Profile
 from specbench.sweep.plan import temperature_groups
@@ -23,7 +25,6 @@ from specbench.tune.space import SearchSpace, space_from_profile
 from specbench.tune.warmstart import unavailable_with
 
 TRIALS_FILE = "trials.parquet"
-RECOMMENDATION_JSON = "recommendation.json"
 RECOMMENDATION_TOML = "recommendation.toml"
 
 
@@ -97,7 +98,7 @@ class Plan:
 class TuneResult:
     out_dir: Path
     trials: pd.DataFrame
-    recommendation: dict[str, Any]
+    recommendation: Recommendation
     profile_toml: str
 
 
@@ -142,9 +143,9 @@ def clear(plan: Plan) -> None:
         storage = open_storage(plan.storage_url)
         for group in plan.groups:
             delete_study(storage, group.study)
-    names = [TRIALS_FILE, RECOMMENDATION_JSON, RECOMMENDATION_TOML]
+    names = [TRIALS_FILE, RECOMMENDATION_FILE, RECOMMENDATION_TOML]
     if plan.replay is None:
-        names += [results.REQUESTS_FILE, results.POINTS_FILE, results.MANIFEST_FILE]
+        names += [results.REQUESTS_FILE, results.POINTS_FILE, MANIFEST_FILE]
     for name in names:
         (plan.out_dir / name).unlink(missing_ok=True)
     if plan.replay is None:

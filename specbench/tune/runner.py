@@ -19,6 +19,7 @@ import pandas as pd
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
+from specbench.core.manifest import MANIFEST_FILE
 from specbench.core import results
 from specbench.profile import Profile
 from specbench.sweep import RunFiles
@@ -298,7 +299,7 @@ def finish(plan: Plan) -> TuneResult:
     """trials.parquet, recommendation.json and recommendation.toml from the studies as they stand."""
     storage = open_storage(plan.storage_url)
     studies = {group.study: optuna.load_study(study_name=group.study, storage=storage) for group in plan.groups}
-    if plan.replay is None and (plan.out_dir / results.MANIFEST_FILE).exists():
+    if plan.replay is None and (plan.out_dir / MANIFEST_FILE).exists():
         files = RunFiles(plan.out_dir)
         points = results.read_parquet(plan.out_dir / results.POINTS_FILE)
         if points is not None:

@@ -11,11 +11,12 @@ from typing import Any
 
 import pandas as pd
 
+from specbench.tune.document import write_recommendation
 from specbench.core import results, stats
 from specbench.profile import ProfileError, profile_from_dict
 from specbench.sweep import ResumeError, run_sweep
 from specbench.sweep.loop import SilentObserver, SweepObserver
-from specbench.tune.plan import RECOMMENDATION_JSON, RECOMMENDATION_TOML, Plan, TuneResult
+from specbench.tune.plan import RECOMMENDATION_TOML, Plan, TuneResult
 
 VERIFY_DIR = "verify"
 
@@ -56,7 +57,7 @@ def verify(plan: Plan, result: TuneResult, *, observer: SweepObserver | None = N
     reason = skip_reason(plan)
     if reason is not None and len(plan.levels) < 2:
         return result
-    choices = result.recommendation["temperatures"]
+    choices = result.recommendation.temperatures
     if reason is None and not any((c.get("load") or {}).get("profile_drafts") for c in choices):
         reason = "speculation pays at no level over the load mix: nothing but the baseline to launch"
     points = requests = None
@@ -84,10 +85,10 @@ def verify(plan: Plan, result: TuneResult, *, observer: SweepObserver | None = N
             load["verification"] = {"status": status, "reason": reason, "folder": VERIFY_DIR, "levels": [],
                                     "schedule_no_worse": None}
             continue
-        load["verification"] = measured(load, points, requests, objective=result.recommendation["objective"],
+        load["verification"] = measured(load, points, requests, objective=result.recommendation.objective,
                                         temperature=choice["temperature"], top_p=choice["top_p"])
         fall_back(choice)
-    results.write_json_atomic(result.recommendation, plan.out_dir / RECOMMENDATION_JSON)
+    write_recommendation(result.recommendation, plan.out_dir)
     result.profile_toml = _with_verification(result.profile_toml, choices)
     (plan.out_dir / RECOMMENDATION_TOML).write_text(result.profile_toml)
     return result

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from specbench.tune.document import Recommendation
 from specbench.capacity.document import CapacityEntry
 from specbench.capacity.sentence import capacity_sentence
 from specbench.ui.run import fmt
@@ -31,9 +32,9 @@ class TuneProgress:
         self.console.print(f"{study} #{row['number']} {row['point_id']}: {state} {detail}{reused}", highlight=False)
 
 
-def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
+def recommendation_panel(recommendation: Recommendation) -> Panel:
     lines = []
-    for choice in recommendation["temperatures"]:
+    for choice in recommendation.temperatures:
         head = f"[bold]temperature {choice['temperature']:g}, top_p {choice['top_p']:g}[/bold]: "
         if choice.get("load") is not None:
             lines += _load_lines(head, choice)
@@ -57,8 +58,8 @@ def recommendation_panel(recommendation: dict[str, Any]) -> Panel:
             lines.append("  " + escape(_capacity_text(choice["point_id"], choice["capacity"])))
         exhausted = " (every configuration evaluated)" if choice.get("space_exhausted") else ""
         lines.append(f"  {choice['evaluations']} evaluations, {choice['trials']} trials of "
-                     f"{recommendation['space_size']} configurations{exhausted}")
-    title = f"recommendation ({recommendation['objective']['name']})"
+                     f"{recommendation.space_size} configurations{exhausted}")
+    title = f"recommendation ({recommendation.objective['name']})"
     return Panel(Group(*lines), title=title, title_align="left")
 
 
@@ -118,7 +119,7 @@ def trials_table(study: str, trials: pd.DataFrame) -> Table:
     return table
 
 
-def print_tune_summary(console: Console, trials: pd.DataFrame, recommendation: dict[str, Any], out_dir: str) -> None:
+def print_tune_summary(console: Console, trials: pd.DataFrame, recommendation: Recommendation, out_dir: str) -> None:
     for study, group in trials.groupby("study", sort=False):
         console.print(trials_table(str(study), group))
     console.print(recommendation_panel(recommendation))
