@@ -8,13 +8,12 @@ The file carries a `version`; files written before it had none and read as versi
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from specbench.core import cost
+from specbench.core.documents import check_version, checked_object, known, read_object, write_document
 from specbench.core.errors import OneLineError
 
 CAPACITY_FILE = "capacity.json"
@@ -142,18 +141,12 @@ def compared(entries: list[CapacityEntry], *, traffic_rps: float | None) -> tupl
 # --- JSON ----------------------------------------------------------------------------------------------------
 
 
-def _known(cls, data: dict[str, Any]) -> dict[str, Any]:
-    """The fields of `cls` that `data` has (keys a later version added are not this version's to read)."""
-    names = {f.name for f in fields(cls)}
-    return {key: value for key, value in data.items() if key in names}
-
-
 def entry_from_dict(data: dict[str, Any], *, where: str = CAPACITY_FILE) -> CapacityEntry:
     if not isinstance(data, dict):
         raise CapacityFileError(f"{where}: not an object")
     if missing := [key for key in REQUIRED if data.get(key) is None]:
         raise CapacityFileError(f"{where} lacks {', '.join(missing)}")
-    values = _known(CapacityEntry, data)
+    values = known(CapacityEntry, data)
     for end in ("attainment_low", "attainment_high"):
         if values.get(end) is not None:
             values[end] = tuple(values[end])
@@ -161,7 +154,7 @@ def entry_from_dict(data: dict[str, Any], *, where: str = CAPACITY_FILE) -> Capa
     if not isinstance(probes, list) or not all(isinstance(p, dict) for p in probes):
         raise CapacityFileError(f"{where}: `probes` is not a list of objects")
     try:
-        values["probes"] = tuple(CapacityProbe(**_known(CapacityProbe, probe)) for probe in probes)
+        values["probes"] = tuple(CapacityProbe(**known(CapacityProbe, probe)) for probe in probes)
         return CapacityEntry(**values)
     except TypeError as error:
         raise CapacityFileError(f"{where}: {error}") from None
@@ -169,18 +162,15 @@ def entry_from_dict(data: dict[str, Any], *, where: str = CAPACITY_FILE) -> Capa
 
 def document_from_dict(data: Any, *, source: str = CAPACITY_FILE) -> CapacityDocument:
     """The document, or a CapacityFileError naming the file and the key that makes it unusable."""
-    if not isinstance(data, dict):
-        raise CapacityFileError(f"{source}: not a JSON object")
-    version = data.get("version", 1)
-    if version != VERSION:
-        raise CapacityFileError(f"{source}: version {version!r}: this specbench reads version {VERSION} (write it "
-                                "again with this version's `specbench run`)")
+    data = checked_object(data, source=source, error=CapacityFileError)
+    check_version(data, version=VERSION, source=source, error=CapacityFileError,
+                  again="write it again with this version's `specbench run`")
     entries = data.get("configurations")
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
         raise CapacityFileError(f"{source}: `configurations` is not a list of objects")
     configurations = tuple(entry_from_dict(entry, where=f"{source}: configurations[{index}]")
                            for index, entry in enumerate(entries))
-    values = _known(CapacityDocument, {**data, "configurations": configurations})
+    values = known(CapacityDocument, {**data, "configurations": configurations})
     values.setdefault("target_attainment", 0.95)
     values["slo"] = dict(values.get("slo") or {})
     try:
@@ -190,21 +180,12 @@ def document_from_dict(data: Any, *, source: str = CAPACITY_FILE) -> CapacityDoc
 
 
 def write_capacity(document: CapacityDocument, folder: Path) -> Path:
-    """capacity.json in `folder`, replaced whole (a reader sees the old file or the new one)."""
-    path = folder / CAPACITY_FILE
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(document.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
+    """capacity.json in `folder`."""
+    return write_document(document.to_dict(), folder / CAPACITY_FILE)
 
 
 def read_capacity(path: Path) -> CapacityDocument:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        text = str(error).strip().splitlines()
-        raise CapacityFileError(f"unreadable {path.name}: {text[0] if text else type(error).__name__}") from None
-    return document_from_dict(data, source=path.name)
+    return document_from_dict(read_object(path, CapacityFileError), source=path.name)
 
 
 __all__ = ["CAPACITY_FILE", "VERSION", "CapacityDocument", "CapacityEntry", "CapacityFileError", "CapacityProbe",

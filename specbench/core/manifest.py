@@ -8,12 +8,11 @@ read as version 1."""
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specbench.core.documents import check_version, checked_object, known, read_object, write_document
 from specbench.core.errors import OneLineError
 
 MANIFEST_FILE = "manifest.json"
@@ -54,14 +53,10 @@ class Manifest:
 
 def manifest_from_dict(data: Any, *, source: str = MANIFEST_FILE) -> Manifest:
     """The manifest, or a ManifestError naming the file and the key that makes it unusable."""
-    if not isinstance(data, dict):
-        raise ManifestError(f"unreadable {source}: not a JSON object")
-    version = data.get("version", 1)
-    if version != VERSION:
-        raise ManifestError(f"{source}: version {version!r}: this specbench reads version {VERSION} (run it again "
-                            "with this version's `specbench run --fresh`)")
-    names = {f.name for f in fields(Manifest)}
-    values = {key: value for key, value in data.items() if key in names}  # a later version's keys are not ours
+    data = checked_object(data, source=source, error=ManifestError)
+    check_version(data, version=VERSION, source=source, error=ManifestError,
+                  again="run it again with this version's `specbench run --fresh`")
+    values = known(Manifest, data)
     for key in ("profile", "models", "workload", "environment"):
         if key in values and not isinstance(values[key], dict):
             raise ManifestError(f"{source}: `{key}` is not an object")
@@ -69,16 +64,8 @@ def manifest_from_dict(data: Any, *, source: str = MANIFEST_FILE) -> Manifest:
 
 
 def write_manifest(manifest: Manifest, path: Path) -> None:
-    """Replaced whole: a reader sees the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    write_document(manifest.to_dict(), path)
 
 
 def read_manifest(path: Path) -> Manifest:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        text = str(error).strip().splitlines()
-        raise ManifestError(f"unreadable {path.name}: {text[0] if text else type(error).__name__}") from None
-    return manifest_from_dict(data, source=path.name)
+    return manifest_from_dict(read_object(path, ManifestError), source=path.name)

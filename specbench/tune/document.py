@@ -8,12 +8,11 @@ version 1. Importable without Optuna (the report reads it)."""
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specbench.core.documents import check_version, checked_object, known, read_object, write_document
 from specbench.core.errors import OneLineError
 
 RECOMMENDATION_FILE = "recommendation.json"
@@ -48,14 +47,10 @@ class Recommendation:
 
 def recommendation_from_dict(data: Any, *, source: str = RECOMMENDATION_FILE) -> Recommendation:
     """The recommendation, or a RecommendationError naming the file and the key that makes it unusable."""
-    if not isinstance(data, dict):
-        raise RecommendationError(f"unreadable {source}: not a JSON object")
-    version = data.get("version", 1)
-    if version != VERSION:
-        raise RecommendationError(f"{source}: version {version!r}: this specbench reads version {VERSION} (tune "
-                                  "again with this version's `specbench tune`)")
-    names = {f.name for f in fields(Recommendation)}
-    values = {key: value for key, value in data.items() if key in names}  # a later version's keys are not ours
+    data = checked_object(data, source=source, error=RecommendationError)
+    check_version(data, version=VERSION, source=source, error=RecommendationError,
+                  again="tune again with this version's `specbench tune`")
+    values = known(Recommendation, data)
     if missing := [key for key in ("objective", "temperatures") if values.get(key) is None]:
         raise RecommendationError(f"{source} lacks {', '.join(missing)}")
     if not isinstance(values["temperatures"], list) or not all(isinstance(c, dict) for c in values["temperatures"]):
@@ -66,18 +61,9 @@ def recommendation_from_dict(data: Any, *, source: str = RECOMMENDATION_FILE) ->
 
 
 def write_recommendation(recommendation: Recommendation, folder: Path) -> Path:
-    """recommendation.json in `folder`, replaced whole (a reader sees the old file or the new one)."""
-    path = folder / RECOMMENDATION_FILE
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(recommendation.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
+    """recommendation.json in `folder`."""
+    return write_document(recommendation.to_dict(), folder / RECOMMENDATION_FILE)
 
 
 def read_recommendation(path: Path) -> Recommendation:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        text = str(error).strip().splitlines()
-        raise RecommendationError(f"unreadable {path.name}: {text[0] if text else type(error).__name__}") from None
-    return recommendation_from_dict(data, source=path.name)
+    return recommendation_from_dict(read_object(path, RecommendationError), source=path.name)
