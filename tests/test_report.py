@@ -167,7 +167,7 @@ def test_markdown_tables_have_exact_rows_per_temperature(run_a):
     found = markdown_tables(text)
     assert found["temperature 0"] == [HEADER, "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|", *GREEDY_ROWS]
     assert found["temperature 0.8"][2:] == SAMPLED_ROWS
-    assert "- `close-g3-t0-p1`: CUDA out of memory" in text
+    assert "- close-g3-t0-p1: CUDA out of memory" in text
     assert ("> **WARNING: greedy outputs differ from the baseline at close-g4-t0-p1: the decoding is broken for this "
             "point, its speed means nothing.**") in text
     assert "`" + str(run_a) + "`: target tiny-target, backend native, device test cpu" in text

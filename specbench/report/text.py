@@ -9,30 +9,11 @@ from typing import Any
 
 import pandas as pd
 
-from specbench.core.contention import ADVICE
-from specbench.report import capacity, load_tables, predictions, schedule, tables, trials, workload
-from specbench.report.build import Report, RunReport
 from specbench.core.summary import mismatch_warning
-
-
-def unstable_warning(run_report: RunReport) -> str | None:
-    """One warning for every point whose timing is not trusted (unstable_lines says which and why); None when
-    there is none."""
-    if not run_report.unstable:
-        return None
-    return (f"unstable timing at {len(run_report.unstable)} of {len(run_report.points)} points: their speedups "
-            f"cannot be trusted; {ADVICE}")
-
-
-def unstable_lines(run_report: RunReport) -> list[str]:
-    """`ngram-g3-t0-p1-c4, self-g1-t0-p1-r1: other processes used 40% of the CPU`: a line per reason."""
-    return [f"{', '.join(points)}: {reason}" for reason, points in run_report.unstable_reasons]
-
-
-def options_line(report: Report) -> str:
-    filters = ", ".join(f"{f.key}={f.value}" for f in report.filters)
-    return (f"sorted by {report.sort}" + (f"; top {report.top} per temperature" if report.top else "")
-            + (f"; filters: {filters}" if filters else ""))
+from specbench.report import capacity, trials, workload
+from specbench.report.build import Report, RunReport
+from specbench.report.sections import (Block, Figures, Section, Table, Warning, options_line, run_sections,
+                                       tail_sections, unstable_warning)
 
 
 # --- markdown ------------------------------------------------------------------------------------
@@ -41,135 +22,70 @@ def options_line(report: Report) -> str:
 def to_markdown(report: Report) -> str:
     lines = ["# specbench report", "", options_line(report), ""]
     for run_report in report.runs:
-        lines += _run_markdown(run_report)
-    if report.comparison is not None:
-        first, second = (r.run.name for r in report.runs)
-        lines += [f"## Comparison: {first} -> {second}", "",
-                  f"change = speedup in {second} - speedup in {first}; faster / slower when the 95 % CIs do not "
-                  "overlap.", ""]
-        lines += markdown_table(display_comparison(report.comparison, first, second)) + [""]
-    if report.skipped:
-        lines += ["## Skipped", ""] + [f"- {_cell(str(s))}" for s in report.skipped] + [""]
+        lines += [f"## {run_report.run.name}", "", f"`{run_report.run.path}`: {run_report.summary}", ""]
+        if run_report.launches:
+            lines += ["Server launches:", ""] + [f"- `{launch['point']}`: `{launch['command']}` (log "
+                                                 f"`{launch['log']}`)" for launch in run_report.launches] + [""]
+        for section in run_sections(run_report):
+            lines += _section(section, level=3)
+    for section in tail_sections(report):
+        lines += _section(section, level=2)
     return "\n".join(lines)
 
 
-def _run_markdown(run_report: RunReport) -> list[str]:
-    lines = [f"## {run_report.run.name}", "", f"`{run_report.run.path}`: {run_report.summary}", ""]
-    if run_report.launches:
-        lines += ["Server launches:", ""] + [f"- `{launch['point']}`: `{launch['command']}` (log `{launch['log']}`)"
-                                             for launch in run_report.launches] + [""]
-    if not len(run_report.table):
-        lines += ["No points match the filters.", ""]
-    for (temperature, top_p), group in run_report.table.groupby(["temperature", "top_p"], sort=True):
-        display = tables.display_points(group)
-        display["point"] = [f"**{p}** (best)" if best else p for p, best in zip(display["point"], group["best"])]
-        display["status"] = display["status"].replace({"mismatch": "**MISMATCH**", "failed": "**failed**",
-                                                       "unstable": "**unstable**"})
-        lines += [f"### {tables.group_title(temperature, top_p)}", ""] + markdown_table(display) + [""]
-    lines += _load_markdown(run_report)
-    if run_report.capacity is not None:
-        lines += _capacity_markdown(run_report.capacity)
-    if len(run_report.failed):
-        lines += ["Failed points:", ""]
-        lines += [f"- `{row['point_id']}`: {_cell(str(row['error']))}" for row in run_report.failed.to_dict("records")]
-        lines += [""]
-    for row in run_report.mismatched:
-        lines += [f"> **WARNING: {mismatch_warning(row)}.**", ""]
-    warning = unstable_warning(run_report)
-    if warning:
-        lines += [f"> **{warning}.**", ">"] + [f"> - {_cell(line)}" for line in unstable_lines(run_report)] + [""]
-    if run_report.workload is not None:
-        lines += _workload_markdown(run_report.workload)
-    if len(run_report.across_gamma):
-        lines += ["### Predicted from the largest gamma", "", predictions.caption(run_report.across_gamma), ""]
-        lines += markdown_table(predictions.display(run_report.across_gamma)) + [""]
-    matrix = tables.category_matrix(run_report.categories)
-    if len(matrix):
-        lines += ["### Speedup per workload category", ""]
-        lines += markdown_table(display_matrix(matrix)) + [""]
-    for study in run_report.studies:
-        lines += _study_markdown(study)
+def _section(section: Section, *, level: int) -> list[str]:
+    lines = [f"{'#' * level} {section.title}", ""] if section.title else []
+    for block in section.blocks:
+        lines += _block(block, level=level)
     return lines
 
 
-def _load_markdown(run_report: RunReport) -> list[str]:
-    """Speedup against load, a table per temperature with its crossover lines; goodput per temperature; their
-    plots. Nothing for a run at one level without an SLO."""
-    lines = []
-    speedups = run_report.speedups_by_load
-    for (temperature, top_p), group in speedups.groupby(["temperature", "top_p"], sort=True):
-        display = tables.display_load(group)
-        display.iloc[-1] = [f"**{cell}**" for cell in display.iloc[-1]]  # the best at each level
-        lines += [f"### {tables.load_title(group)}", ""] + markdown_table(display) + [""]
-        crossover = load_tables.crossover_lines(run_report.crossover, temperature, top_p)
-        lines += [f"- {_cell(line)}" for line in crossover] + ([""] if crossover else [])
-    if len(speedups):
-        lines += [tables.load_note(tables.level_columns(speedups)), ""]
-    for _, group in run_report.goodput.groupby(["temperature", "top_p"], sort=True):
-        lines += [f"### {load_tables.goodput_title(group)}", ""]
-        lines += markdown_table(load_tables.display_goodput(group)) + ["", load_tables.goodput_caption(group), ""]
-    if not len(speedups) and not len(run_report.goodput):
-        return lines
-    from specbench.report import load_plots  # matplotlib loads only when there is a plot to draw
-
-    for plot in load_plots.load_plots(run_report.points):
-        if isinstance(plot, tuple):
-            title, reason = plot
-            lines += [f"### {title}", "", f"_{reason}_", ""]
-        else:  # inline, as in the HTML: renderers that allow data URIs show it (GitHub's does not)
-            data = base64.b64encode(plot.png).decode("ascii")
-            lines += [f"### {plot.title}", "", f"![{plot.title}](data:image/png;base64,{data})", "", plot.caption, ""]
-    return lines
+def _block(block: Block, *, level: int) -> list[str]:
+    if isinstance(block, Table):
+        lines = [f"{'#' * level} {block.title}", ""] if block.title else []
+        lines += markdown_table(_emphasised(block)) + [""]
+        return lines + ([block.caption, ""] if block.caption else [])
+    if isinstance(block, Warning):
+        return [f"> **{block.text}**"] + ([">"] + [f"> - {_cell(line)}" for line in block.details]
+                                          if block.details else []) + [""]
+    if isinstance(block, Figures):
+        return [line for plot in block.make() for line in _figure(plot, level=level)] if block.in_markdown else []
+    head = ([f"{'#' * level} {block.title}", ""] if block.style != "failed" else [f"{block.title}:", ""]) \
+        if block.title else []
+    if not block.lines:
+        return head
+    if block.style == "code":
+        return head + ["```sh", *block.lines, "```", ""]
+    if block.style == "strong":
+        return head + [f"**{_cell(line)}**" for line in block.lines] + [""]
+    if block.style in ("list", "failed"):
+        return head + [f"- {_cell(line)}" for line in block.lines] + [""]
+    return head + [_cell(line) for line in block.lines] + [""]
 
 
-def _capacity_markdown(report: capacity.CapacityReport) -> list[str]:
-    """Per temperature: the headline per speculative configuration, the capacity table, what it means, the probes."""
-    lines = []
-    for group in capacity.groups(report):
-        lines += [f"### {group.title}", ""]
-        lines += [f"- {_cell(line)}" for line in capacity.headlines(report, group.configurations)] + [""]
-        lines += markdown_table(capacity.display_capacity(report, group.configurations))
-        lines += ["", capacity.caption(report, group.axis), ""]
-        if len(group.probes):
-            lines += [f"### {group.probes_title}", ""] + markdown_table(capacity.display_probes(group.probes)) + [""]
-    return lines
+def _emphasised(table: Table) -> pd.DataFrame:
+    """Markdown has no row colours: the best point's name in bold with "(best)", a status that voids the speed in
+    bold, the best-per-level row and a lost verification level in bold."""
+    frame = table.frame.copy()
+    for index, role in enumerate(table.roles):
+        if role == "best":
+            frame.iloc[index, 0] = f"**{frame.iloc[index, 0]}** (best)"
+        elif role == "summary":
+            frame.iloc[index] = [f"**{cell}**" for cell in frame.iloc[index]]
+        elif role in ("mismatch", "failed", "unstable") and "status" in frame.columns:
+            frame.loc[frame.index[index], "status"] = f"**{role.upper() if role == 'mismatch' else role}**"
+        elif role == "worse":
+            frame.iloc[index] = [f"**{cell}**" if cell == "WORSE" else cell for cell in frame.iloc[index]]
+    return frame
 
 
-def _workload_markdown(report: workload.WorkloadReport) -> list[str]:
-    facts = [f"- {_cell(line)}" for line in workload.workload_lines(report)]
-    lines = ["### Workload", ""] + facts + ([""] if facts else []) + markdown_table(workload.display_lengths(report))
-    return lines + ["", workload.lengths_caption(report), ""]
-
-
-def _study_markdown(study: trials.StudyReport) -> list[str]:
-    lines = [f"### Tune: {study.title}", "", f"**{_cell(trials.recommendation_line(study))}**", "",
-             _cell(trials.importance_line(study)), ""]
-    if study.not_run:
-        lines += [study.not_run_line, ""]
-    lines += markdown_table(trials.display_trials(study)) + [""]
-    if study.failed:
-        lines += ["Failed trials:", ""] + [f"- {_cell(line)}" for line in study.failed] + [""]
-    return lines + (_schedule_markdown(study, study.load) if study.load is not None else [])
-
-
-def _schedule_markdown(study: trials.StudyReport, load: dict[str, Any]) -> list[str]:
-    """A tune under load: the best per level, the crossover, the schedule to paste, its verification."""
-    lines = [f"### {schedule.levels_title(study)}", ""] + markdown_table(schedule.display_levels(load)) + [""]
-    lines += [f"- {_cell(line)}" for line in (schedule.crossover_line(load), schedule.single_line(load)) if line]
-    lines += ["", f"### {schedule.schedule_title(study)}", ""]
-    gammas = schedule.display_schedule(load)
-    if gammas is not None:
-        lines += markdown_table(gammas) + [""]
-    lines += [f"- {_cell(line)}" for line in schedule.schedule_lines(load)] + [""]
-    argument = schedule.speculative_config_arg(load)
-    if argument:
-        lines += ["```sh", argument, "```", ""]
-    verification = schedule.display_verification(load)
-    if verification is not None:
-        verification["worse"] = verification["worse"].replace({"WORSE": "**WORSE**"})
-        lines += [f"### {schedule.verification_title(study)}", ""] + markdown_table(verification) + [""]
-    verdict = schedule.verification_line(load)
-    return lines + ([f"**{_cell(verdict)}**", ""] if verdict else [])
+def _figure(plot, *, level: int) -> list[str]:
+    """Inline, as in the HTML: renderers that allow data URIs show it (GitHub's does not)."""
+    if isinstance(plot, tuple):
+        title, reason = plot
+        return [f"{'#' * level} {title}", "", f"_{reason}_", ""]
+    data = base64.b64encode(plot.png).decode("ascii")
+    return [f"{'#' * level} {plot.title}", "", f"![{plot.title}](data:image/png;base64,{data})", "", plot.caption, ""]
 
 
 def markdown_table(frame: pd.DataFrame) -> list[str]:
@@ -182,33 +98,6 @@ def markdown_table(frame: pd.DataFrame) -> list[str]:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
-
-
-def display_matrix(matrix: pd.DataFrame) -> pd.DataFrame:
-    """The category matrix as strings, the point as the first column."""
-    shown = matrix.map(lambda v: tables.fmt(v, ".2f", "x"))
-    return shown.reset_index()
-
-
-def display_comparison(comparison: pd.DataFrame, name_a: str, name_b: str) -> pd.DataFrame:
-    """One row per compared point; a concurrency column after the point when the runs have several concurrency
-    levels, a load column ("2 requests/s") once a request rate is among them."""
-    rows = [(
-        row["point_id"],
-        tables.fmt(row["speedup_a"], ".2f", "x"),
-        tables.fmt_ci(row["speedup_ci_low_a"], row["speedup_ci_high_a"]),
-        tables.fmt(row["speedup_b"], ".2f", "x"),
-        tables.fmt_ci(row["speedup_ci_low_b"], row["speedup_ci_high_b"]),
-        tables.fmt(row["change"], "+.2f"),
-        row["verdict"],
-    ) for row in comparison.to_dict("records")]
-    shown = pd.DataFrame(rows, columns=["point", f"speedup {name_a}", f"95% CI {name_a}", f"speedup {name_b}",
-                                        f"95% CI {name_b}", "change", "verdict"])
-    if comparison["concurrency"].isna().any():
-        shown.insert(1, "load", list(comparison["load"]))
-    elif comparison["concurrency"].nunique() > 1:
-        shown.insert(1, "concurrency", [str(level) for level in comparison["concurrency"]])
-    return shown
 
 
 # --- csv and json --------------------------------------------------------------------------------
