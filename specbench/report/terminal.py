@@ -29,6 +29,7 @@ def print_report(console: Console, report: Report) -> None:
 
 def _print_section(console: Console, section: Section) -> None:
     if section.title:
+        console.print()
         console.print(f"[bold]{escape(section.title)}[/bold]", soft_wrap=True)
     for block in section.blocks:
         if isinstance(block, Table):
