@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pandas as pd
+
 from specbench.capacity.document import CapacityEntry
 
 
 def missing(value: Any) -> bool:
     """None, NaN or pandas' NA: not measured."""
-    return value is None or (isinstance(value, float) and math.isnan(value)) or type(value).__name__ == "NAType"
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
 def number(value: float) -> str:

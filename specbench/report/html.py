@@ -8,7 +8,7 @@ from html import escape
 import pandas as pd
 
 from specbench.report.build import Report
-from specbench.report.sections import (Block, Figures, Section, Table, Warning, options_line, run_sections,
+from specbench.report.sections import (Block, Figures, Section, Table, Alert, options_line, run_sections,
                                        tail_sections)
 
 CSS = """
@@ -98,7 +98,7 @@ def _block(block: Block, *, level: int) -> list[str]:
             return [f"<details><summary>{escape(block.title or '')}</summary>{table}</details>"]
         caption = [f'<p class="meta">{escape(block.caption)}</p>'] if block.caption else []
         return ([heading] if heading else []) + [table] + caption
-    if isinstance(block, Warning):
+    if isinstance(block, Alert):
         if block.details:
             return [f'<div class="warning {block.kind}">{escape(block.text)}<ul>'
                     + "".join(f"<li>{escape(line)}</li>" for line in block.details) + "</ul></div>"]

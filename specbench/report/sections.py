@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 import pandas as pd
 
+from specbench.core.contention import ADVICE
 from specbench.core.summary import mismatch_warning
 from specbench.report import capacity, load_tables, predictions, schedule, tables, trials, workload
 from specbench.report.build import Report, RunReport
@@ -43,7 +44,7 @@ class Lines:
 
 
 @dataclass(frozen=True)
-class Warning:
+class Alert:
     text: str
     details: tuple[str, ...] = ()  # a line each (which points, why)
     kind: Literal["mismatch", "unstable"] = "mismatch"
@@ -58,7 +59,7 @@ class Figures:
     in_markdown: bool = False  # Markdown inlines only the plots its tables need (those against load)
 
 
-Block = Table | Lines | Warning | Figures
+Block = Table | Lines | Alert | Figures
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,6 @@ def unstable_warning(run_report: RunReport) -> str | None:
     none."""
     if not run_report.unstable:
         return None
-    from specbench.core.contention import ADVICE
-
     return (f"unstable timing at {len(run_report.unstable)} of {len(run_report.points)} points: their speedups "
             f"cannot be trusted; {ADVICE}")
 
@@ -131,11 +130,11 @@ def unstable_warning(run_report: RunReport) -> str | None:
 # --- the sections --------------------------------------------------------------------------------
 
 
-def _warnings(run_report: RunReport) -> list[Warning]:
-    found = [Warning(f"WARNING: {mismatch_warning(row)}.") for row in run_report.mismatched]
+def _warnings(run_report: RunReport) -> list[Alert]:
+    found = [Alert(f"WARNING: {mismatch_warning(row)}.") for row in run_report.mismatched]
     text = unstable_warning(run_report)
     if text:
-        found.append(Warning(f"{text}.", tuple(f"{', '.join(points)}: {reason}"
+        found.append(Alert(f"{text}.", tuple(f"{', '.join(points)}: {reason}"
                                                for reason, points in run_report.unstable_reasons), "unstable"))
     return found
 

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table as RichTable
 
 from specbench.report.build import Report
-from specbench.report.sections import Lines, Section, Table, Warning, options_line, run_sections, tail_sections
+from specbench.report.sections import Lines, Section, Table, Alert, options_line, run_sections, tail_sections
 
 ROW_STYLE = {"best": "bold green", "summary": "bold green", "chosen": "bold green", "failed": "red",
              "mismatch": "bold white on red", "unstable": "yellow", "worse": "bold red", "dim": "dim"}
@@ -34,7 +34,7 @@ def _print_section(console: Console, section: Section) -> None:
     for block in section.blocks:
         if isinstance(block, Table):
             _print_table(console, block, section=section.title)
-        elif isinstance(block, Warning):
+        elif isinstance(block, Alert):
             style = "bold red" if block.kind == "mismatch" else "bold yellow"
             console.print(f"[{style}]{escape(block.text)}[/{style}]", soft_wrap=True)
             for line in block.details:

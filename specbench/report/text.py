@@ -12,7 +12,7 @@ import pandas as pd
 from specbench.core.summary import mismatch_warning
 from specbench.report import capacity, trials, workload
 from specbench.report.build import Report, RunReport
-from specbench.report.sections import (Block, Figures, Section, Table, Warning, options_line, run_sections,
+from specbench.report.sections import (Block, Figures, Section, Table, Alert, options_line, run_sections,
                                        tail_sections, unstable_warning)
 
 
@@ -45,7 +45,7 @@ def _block(block: Block, *, level: int) -> list[str]:
         lines = [f"{'#' * level} {block.title}", ""] if block.title else []
         lines += markdown_table(_emphasised(block)) + [""]
         return lines + ([block.caption, ""] if block.caption else [])
-    if isinstance(block, Warning):
+    if isinstance(block, Alert):
         return [f"> **{block.text}**"] + ([">"] + [f"> - {_cell(line)}" for line in block.details]
                                           if block.details else []) + [""]
     if isinstance(block, Figures):
@@ -67,13 +67,14 @@ def _emphasised(table: Table) -> pd.DataFrame:
     """Markdown has no row colours: the best point's name in bold with "(best)", a status that voids the speed in
     bold, the best-per-level row and a lost verification level in bold."""
     frame = table.frame.copy()
+    if table.roles and "status" in frame.columns:
+        frame["status"] = frame["status"].replace({"mismatch": "**MISMATCH**", "failed": "**failed**",
+                                                   "unstable": "**unstable**"})
     for index, role in enumerate(table.roles):
         if role == "best":
             frame.iloc[index, 0] = f"**{frame.iloc[index, 0]}** (best)"
         elif role == "summary":
             frame.iloc[index] = [f"**{cell}**" for cell in frame.iloc[index]]
-        elif role in ("mismatch", "failed", "unstable") and "status" in frame.columns:
-            frame.loc[frame.index[index], "status"] = f"**{role.upper() if role == 'mismatch' else role}**"
         elif role == "worse":
             frame.iloc[index] = [f"**{cell}**" if cell == "WORSE" else cell for cell in frame.iloc[index]]
     return frame

@@ -11,8 +11,7 @@ from typing import Any
 
 import optuna
 
-from specbench.core import cost
-from specbench.capacity.document import bracket_verdict, entry_from_dict
+from specbench.capacity.document import bracket_verdict, compared, entry_from_dict
 from specbench.sweep.capacity import CapacitySearch
 from specbench.sweep.loop import SilentObserver, evaluate_point
 from specbench.tune.evaluate import Evaluator, Live
@@ -77,21 +76,23 @@ def capacity_recommendation(chosen: dict[str, Any] | None, baseline: dict[str, A
     if search is None:
         return None
     base = baseline or {}
-    both = search["status"] == "found" and base.get("status") == "found"
-    usd, base_usd = search.get("usd_per_mtok_at_capacity"), base.get("usd_per_mtok_at_capacity")
-    verdict = bracket_verdict(entry_from_dict(search), entry_from_dict(base)) if both else None
+    # the chosen entry against the baseline's, by capacity.json's rules (gain, cost change, replicas, brackets)
+    *before, mine = compared(([entry_from_dict(base)] if base else []) + [entry_from_dict(search)],
+                             traffic_rps=traffic_rps)
+    theirs = before[0] if before else None
+    verdict = bracket_verdict(mine, theirs) if theirs is not None else None
     return {
-        "capacity_rps": search["capacity"], "bracket": [search["bracket_low"], search["bracket_high"]],
-        "status": search["status"], "baseline_capacity_rps": base.get("capacity"),
-        "baseline_bracket": [base.get("bracket_low"), base.get("bracket_high")], "baseline_status": base.get("status"),
-        "gain_vs_baseline": cost.change(search["capacity"], base.get("capacity")) if both else None,
-        "usd_per_hour": usd_per_hour, "usd_per_mtok_at_capacity": usd, "baseline_usd_per_mtok_at_capacity": base_usd,
-        "usd_per_mtok_change_vs_baseline": cost.change(usd, base_usd) if both else None,
-        "replicas_for_traffic": cost.replicas_for(traffic_rps, search["capacity"]) if search["status"] == "found"
-        else None,
-        "baseline_replicas_for_traffic": cost.replicas_for(traffic_rps, base.get("capacity")) if both else None,
+        "capacity_rps": mine.capacity, "bracket": [mine.bracket_low, mine.bracket_high], "status": mine.status,
+        "baseline_capacity_rps": base.get("capacity"), "baseline_bracket": [base.get("bracket_low"),
+                                                                            base.get("bracket_high")],
+        "baseline_status": base.get("status"), "gain_vs_baseline": mine.gain_vs_baseline,
+        "usd_per_hour": usd_per_hour, "usd_per_mtok_at_capacity": mine.usd_per_mtok_at_capacity,
+        "baseline_usd_per_mtok_at_capacity": base.get("usd_per_mtok_at_capacity"),
+        "usd_per_mtok_change_vs_baseline": mine.usd_per_mtok_change_vs_baseline,
+        "replicas_for_traffic": mine.replicas_for_traffic,
+        "baseline_replicas_for_traffic": theirs.replicas_for_traffic if verdict is not None else None,
         "traffic_rps": traffic_rps,
-        "brackets": verdict,  # higher, lower or within: the baseline's bracket against the chosen one's
+        "brackets": verdict,  # higher, lower or within: the chosen configuration's bracket against the baseline's
         "measurably_higher": verdict == "higher",
     }
 
