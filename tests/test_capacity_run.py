@@ -75,7 +75,6 @@ class StandIn:
 
 class StandInSession:
     backend = "server"
-    uses_gpu = False
     identity = {"target": "stand-in", "backend": "server"}
 
     def __init__(self, profile, engine: StandIn):
@@ -86,6 +85,9 @@ class StandInSession:
 
     def draft_identity(self, spec):
         return None
+
+    def gpu_uuids(self):
+        return ()
 
     def point_context(self, spec):
         return {"backend": "server", "target_model": "stand-in", "weight_mb": None}

@@ -36,7 +36,7 @@ def test_other_processes_cpu_time_is_measured_and_our_own_is_not():
     # this process burning a core itself is its own time, not contention: what it used (as os.times tells
     # it) is left out of the other processes' share
     before, start = os.times(), time.monotonic()
-    with contention.ConditionsProbe(gpu=False) as own:
+    with contention.ConditionsProbe() as own:
         while time.monotonic() < start + 1.0:
             pass
     after, wall = os.times(), time.monotonic() - start

@@ -50,7 +50,9 @@ class Session(Protocol):
         an `after_prompt` that raises a BaseException (a pruned trial) stops the point."""
         ...
 
-    uses_gpu: bool  # whether other processes on the GPU can disturb its timing
+    def gpu_uuids(self) -> tuple[str, ...]:
+        """The GPUs the current point runs on (NVML UUIDs), where other processes disturb its timing; () for none."""
+        ...
 
     def point_measurements(self) -> dict[str, Any]:
         """Point-level figures of the last `run_point` that no request row holds (a serving engine's

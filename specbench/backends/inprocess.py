@@ -4,11 +4,12 @@ requests one at a time. A backend module only says how one request is generated.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import transformers
 
 import specbench
 from specbench.decoding import devices
-from specbench.core import results
+from specbench.core import gpus, results
 from specbench.backends.base import AfterPrompt, Observer, OnRequest
 from specbench.core.trace import Trace
 from specbench.core.errors import one_line
@@ -65,12 +66,14 @@ def load_models(profile: Profile, *, observer: Observer) -> LoadedModels:
     """Load the workload and every model once: the context any number of points are run with."""
     device = devices.resolve_device(profile.device)
     dtype = devices.resolve_dtype(profile.dtype, device)
+    heads = _head_references(profile, observer=observer)
     observer.message(f"loading target {profile.target.model}")
     target = load_model(profile.target.model, device=device, dtype=dtype, quantize=profile.target.quantize)
     workload = build_workload(profile.workload, target.tokenizer, seed=profile.run.seed,
                               where=f"{profile.source}: " if profile.source else "")
     check_context_window(profile, context_window(target.model.config), workload=workload, model="the target")
-    drafts = _load_drafts(profile, target, device=device, dtype=dtype, observer=observer, workload=workload)
+    drafts = _load_drafts(profile, target, heads=heads, device=device, dtype=dtype, observer=observer,
+                          workload=workload)
     eos = () if workload.ignore_eos else _eos_ids(target)
     return LoadedModels(profile, device, dtype, target, drafts, workload, eos)
 
@@ -103,7 +106,26 @@ def check_context_window(profile: Profile, window: int | None, *, workload: Work
                        f"({prompt_tokens} tokens) exceed {model}'s context window of {window} tokens; {fix}")
 
 
-def _load_drafts(profile: Profile, target: LoadedModel, *, device, dtype, observer,
+def _head_references(profile: Profile, *, observer) -> dict[str, str]:
+    """Per EAGLE-3 draft, its head folder or hub id: trained:PRESET taken from the cache or distilled now, before
+    the run loads its target (a distillation loads the target itself, and frees it when done)."""
+    references = {}
+    for index, draft in enumerate(profile.drafts):
+        if draft.method == "eagle3":
+            try:
+                references[draft.name] = head_folder_reference(draft.model, target=profile.target.model,
+                                                               device=profile.device, say=observer.message)
+            except HeadError as error:
+                raise _head_error(profile, index, error) from None
+    return references
+
+
+def _head_error(profile: Profile, index: int, error: HeadError) -> ProfileError:
+    where = f"{profile.source}: " if profile.source else ""
+    return ProfileError(f"{where}drafts[{index}].model: {error}")
+
+
+def _load_drafts(profile: Profile, target: LoadedModel, *, heads: dict[str, str], device, dtype, observer,
                  workload: Workload) -> dict[str, LoadedModel | Exception]:
     """Each draft model once (shared by drafts with the same model and quantize); a draft that cannot
     be loaded, does not share the target's vocabulary or whose context window is too short fails its own
@@ -113,13 +135,10 @@ def _load_drafts(profile: Profile, target: LoadedModel, *, device, dtype, observ
     for index, draft in enumerate(profile.drafts):
         if draft.method == "eagle3":  # a head that does not fit the target stops the run before any point
             try:
-                folder = head_folder_reference(draft.model, target=profile.target.model, device=profile.device,
-                                               say=observer.message)
-                observer.message(f"loading EAGLE-3 head {draft.name}: {folder}")
-                drafts[draft.name] = load_head_model(folder, target, device=device, dtype=dtype)
+                observer.message(f"loading EAGLE-3 head {draft.name}: {heads[draft.name]}")
+                drafts[draft.name] = load_head_model(heads[draft.name], target, device=device, dtype=dtype)
             except HeadError as error:
-                where = f"{profile.source}: " if profile.source else ""
-                raise ProfileError(f"{where}drafts[{index}].model: {error}") from None
+                raise _head_error(profile, index, error) from None
             continue
         if draft.method != "draft":
             continue
@@ -155,7 +174,8 @@ class InProcessSession:
         self.workload = models.workload
         self.prompts = models.prompts
         self.prompt_tokens = models.workload.prompt_tokens
-        self.uses_gpu = models.device.type == "cuda"
+        self._gpu_uuid = devices.gpu_uuid(models.device)
+        self._measured: dict[str, Any] = {}
 
     def generate_one(self, spec: PointSpec) -> GenerateOne:
         raise NotImplementedError
@@ -186,16 +206,18 @@ class InProcessSession:
                 generate_one(workload.prompt_ids[i % len(workload.prompt_ids)], run.seed,
                              workload.max_new_tokens[i % len(workload.prompt_ids)])
             rows = []
-            for index, (prompt, ids, budget) in enumerate(zip(workload.prompts, workload.prompt_ids,
-                                                              workload.max_new_tokens)):
-                for repeat in range(run.repeats):
-                    seed = run.seed + 1000 * index + repeat
-                    trace = generate_one(ids, seed, budget)
-                    rows.append(results.request_row(spec, point_key=point_key, prompt=prompt, repeat=repeat, seed=seed,
-                                                    trace=trace))
-                    on_request()
-                if after_prompt is not None:
-                    after_prompt(rows)
+            self._measured = {}
+            with self._gpu_window():
+                for index, (prompt, ids, budget) in enumerate(zip(workload.prompts, workload.prompt_ids,
+                                                                  workload.max_new_tokens)):
+                    for repeat in range(run.repeats):
+                        seed = run.seed + 1000 * index + repeat
+                        trace = generate_one(ids, seed, budget)
+                        rows.append(results.request_row(spec, point_key=point_key, prompt=prompt, repeat=repeat,
+                                                        seed=seed, trace=trace))
+                        on_request()
+                    if after_prompt is not None:
+                        after_prompt(rows)
             return rows
         except Exception:
             if self.models.device.type == "cuda":
@@ -205,8 +227,32 @@ class InProcessSession:
     def own_pids(self) -> list[int]:
         return [os.getpid()]
 
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return (self._gpu_uuid,) if self._gpu_uuid else ()
+
+    @contextlib.contextmanager
+    def _gpu_window(self):
+        """On a GPU, around the measured requests: NVML's view of this process (everything it holds: weights,
+        static caches, CUDA-graph pools, the CUDA context), utilisation and energy; and torch's peak reserved memory
+        (its caching allocator, exact between samples)."""
+        device = self.models.device
+        nvml = gpus.open_nvml() if device.type == "cuda" else None
+        if device.type != "cuda":
+            yield
+            return
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        monitor = gpus.GpuMonitor(nvml, self.gpu_uuids(), self.own_pids) if nvml is not None and self._gpu_uuid \
+            else contextlib.nullcontext()
+        with monitor:
+            yield
+            torch.cuda.synchronize(device)
+        window = monitor.window.as_columns() if isinstance(monitor, gpus.GpuMonitor) else {}
+        self._measured = {**window, "gpu_peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
+
     def point_measurements(self) -> dict[str, Any]:
-        return {}  # every figure is in the request rows
+        """On a GPU, what the measured requests held and used there (request rows hold the rest)."""
+        return dict(self._measured)
 
     def verify_costs(self, max_tokens: int) -> tuple[float, ...]:
         return ()
@@ -236,10 +282,13 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 
 def environment_base() -> dict[str, Any]:
-    """The software and machine specbench itself runs on (a server backend's engine reports its own)."""
+    """The software and machine specbench itself runs on (a server backend's engine reports its own), with the GPUs
+    this process may use: model, memory, driver, CUDA, clocks, power limit and MIG mode of each (NVML)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return {"specbench": specbench.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "git_commit": _git_commit()}
+            "git_commit": _git_commit(), "gpus": [asdict(gpu) for gpu in gpus.machine_gpus(visible)],
+            **({"cuda_visible_devices": visible} if visible is not None else {})}
 
 
 def _git_commit() -> str | None:

@@ -12,7 +12,7 @@ from specbench.decoding.proposers import BaselineProposer, DraftModelProposer, N
 from specbench.decoding.eagle3 import Eagle3Proposer
 from specbench.decoding.decode import generate
 from specbench.decoding.costs import verify_costs_ms
-from specbench.decoding.static import BUCKETS, StaticModel, buckets_to_freeze, freeze_refusal
+from specbench.decoding.static import BUCKETS, StaticModel, buckets_to_freeze, captured_cuda_graphs, freeze_refusal
 from specbench.decoding.devices import available_bytes
 from specbench.core.errors import one_line
 from specbench.models.load import LoadedModel, weight_bytes
@@ -149,16 +149,31 @@ class NativeSession(InProcessSession):
         if not self.compiled:
             return {**described, "compile": {"enabled": False}}
         m = self.models
+        graphs = captured_cuda_graphs(m.device) if m.device.type == "cuda" else None
         roles = [("target", m.target.model)] + [(f"draft {spec.name}", draft.model) for spec in m.profile.drafts
                                                 if isinstance(draft := m.drafts.get(spec.name), LoadedModel)]
         models = {role: {"kv_cache": "static", "compile_s": sum(static.compile_s.values()),
                          "compile_s_by_step_tokens": {str(k): v for k, v in sorted(static.compile_s.items())},
                          "compile_mb": (sum(static.compile_mb.values()) if None not in static.compile_mb.values()
                                         else None),
-                         "mode": "cuda graphs" if static.graphs else _inductor_mode(static.frozen_buckets)}
+                         "mode": _mode(static, graphs)}
                   for role, model in roles if (static := self.static.get(id(model))) is not None}
         return {**described, "compile": {"enabled": True, "fallback": self.fallback, "models": models,
+                                          **({"cuda_graphs": {"captured": graphs[0], "skipped": graphs[1]}}
+                                             if graphs is not None else {}),
                                           **({"freeze_refusal": self.freeze_refusal} if self.freeze_refusal else {})}}
+
+
+def _mode(static: StaticModel, graphs: tuple[int | None, int] | None) -> str:
+    """How a model's steps run: "cuda graphs" only where graphs were captured and none was skipped."""
+    if not static.graphs:
+        return _inductor_mode(static.frozen_buckets)
+    captured, skipped = graphs
+    if captured is None:
+        return "inductor reduce-overhead (CUDA graphs asked for; this torch does not say whether they were captured)"
+    if captured == 0 or skipped:
+        return f"inductor reduce-overhead without CUDA graphs ({captured} captured, {skipped} skipped: see the log)"
+    return "cuda graphs"
 
 
 def _inductor_mode(frozen: list[int]) -> str:

@@ -1,18 +1,19 @@
 """Was the machine quiet while a point ran? On a shared box another process can make the same sweep report
 half the speedup it would on a quiet one. Measured per point: the share of the machine's CPU time that
 other processes took (Linux /proc/stat, minus this run's own processes), and the other processes holding
-a context on the GPU (nvidia-smi) when the run uses one. `results` adds the spread of per-request TPOT
+a context on the GPUs the point runs on (NVML: only those GPUs, so a sibling worker on another GPU does not count,
+and never the run's own process tree: an engine's workers are its own). `results` adds the spread of per-request TPOT
 within the point and of each prompt's time across repeats, and flags a point that exceeds any limit."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from specbench.core import gpus as gpu_facts
 
 OTHER_CPU_SHARE_LIMIT = 0.10  # other processes took more than 10 % of the machine's CPU time
 REPEAT_SPREAD_LIMIT = 0.15  # a prompt's repeats differ by more than 15 % (median over prompts)
@@ -60,25 +61,40 @@ def _own_ticks(start: dict[int, int], end: dict[int, int]) -> int:
     return sum(ticks - start.get(pid, 0) for pid, ticks in end.items())
 
 
-def _gpu_pids() -> set[int] | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    return {int(line) for line in out.stdout.split() if line.strip().isdigit()}
+def process_tree(roots: Sequence[int]) -> set[int]:
+    """`roots` and every process descended from them, from /proc (an engine forks workers; torch compiles in them)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo += children.get(pid, [])
+    return tree
+
+
+def others_on_gpus(samples: Sequence[gpu_facts.Sample], own: set[int]) -> int:
+    """Processes on these GPUs that are not the run's own."""
+    return len({pid for sample in samples for pid in sample.process_memory_mb} - own)
 
 
 class ConditionsProbe:
-    """Around a point: `with ConditionsProbe(own_pids, gpu=...) as probe: ...; probe.conditions`."""
+    """Around a point: `with ConditionsProbe(own_pids, gpus=...) as probe: ...; probe.conditions`. `gpus` gives the
+    UUIDs of the GPUs the point ran on, asked at its end (a server's are known once it is launched); none: not
+    measured."""
 
-    def __init__(self, own_pids: Callable[[], list[int]] = lambda: [os.getpid()], *, gpu: bool = False):
+    def __init__(self, own_pids: Callable[[], list[int]] = lambda: [os.getpid()], *,
+                 gpus: Callable[[], Sequence[str]] = tuple, nvml: gpu_facts.Nvml | None = None):
         self.own_pids = own_pids
-        self.gpu = gpu
+        self.gpus = gpus
+        self.nvml = nvml
         self.conditions = Conditions(None, None)
 
     def __enter__(self) -> "ConditionsProbe":
@@ -92,8 +108,10 @@ class ConditionsProbe:
             other = (end[0] - start[0]) - _own_ticks(own_start, _process_jiffies(self.own_pids()))
             share = min(1.0, max(0.0, other / (end[1] - start[1])))
         gpu_others = None
-        if self.gpu and (pids := _gpu_pids()) is not None:
-            gpu_others = len(pids - set(self.own_pids()))
+        uuids = tuple(self.gpus())
+        nvml = self.nvml or (gpu_facts.open_nvml() if uuids else None)
+        if uuids and nvml is not None:
+            gpu_others = others_on_gpus(nvml.sample(uuids), process_tree(self.own_pids()))
         self.conditions = Conditions(share, gpu_others)
 
 

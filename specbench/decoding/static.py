@@ -188,6 +188,29 @@ class StaticModel:
             layer.cumulative_length.fill_(length)
 
 
+def captured_cuda_graphs(device: torch.device) -> tuple[int | None, int]:
+    """(CUDA graphs inductor's graph trees recorded on `device`, the times inductor skipped CUDA graphs for a graph it
+    compiled): what says that "reduce-overhead" replays graphs rather than running kernels one by one. The count is
+    None where this torch does not expose its graph trees."""
+    from torch._dynamo.utils import counters
+
+    skipped = int(counters["inductor"]["cudagraph_skips"])
+    try:
+        from torch._inductor import cudagraph_trees
+
+        manager = cudagraph_trees.get_manager(device.index or 0, create_if_none_exists=False)
+        if manager is None:
+            return 0, skipped
+        count, todo = 0, list(manager.get_roots())
+        while todo:
+            node = todo.pop()
+            count += 1
+            todo += [child for children in node.children.values() for child in children]
+        return count, skipped
+    except Exception:  # noqa: BLE001 - private API: its shape may change between torch releases
+        return None, skipped
+
+
 def _compiled(step, *, graphs: bool, freeze: bool = True):
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     torch._dynamo.config.fail_on_recompile_limit_hit = True  # never fall back to eager silently

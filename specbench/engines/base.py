@@ -91,3 +91,9 @@ class ServingEngine(Protocol):
         """The flags that add `speculation` to a launch; `help_text` is the binary's --help where flag names
         depend on its version."""
         ...
+
+    gpu_flags: tuple[str, ...]  # the flags `gpu_args` sets (server.extra_args may not set them too)
+
+    def gpu_args(self, gpus: int) -> list[str]:
+        """The flags that run a launch on the `gpus` GPUs CUDA_VISIBLE_DEVICES shows it (at least one)."""
+        ...

@@ -27,6 +27,13 @@ class LlamaCpp:
         return [binary or "llama-server", "-m", target, "--host", host, "--port", str(port), "--metrics",
                 "--alias", "specbench-target"]
 
+    gpu_flags = ("-ngl", "--gpu-layers", "--n-gpu-layers", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft")
+
+    def gpu_args(self, gpus: int) -> list[str]:
+        """Every layer of the target and of a draft model offloaded; over several GPUs llama.cpp splits the layers
+        between the devices it sees (its default split mode), which is not tensor parallelism."""
+        return ["-ngl", "999", "-ngld", "999"]
+
     def speculation_args(self, speculation: Speculation, *, help_text: str | None = None) -> list[str]:
         """Flags for `speculation`; without `help_text`, the 2026 names (--spec-type, --spec-draft-n-max)."""
         if not speculation.speculates:

@@ -22,6 +22,11 @@ class Sglang:
         return [binary or sys.executable, "-m", "sglang.launch_server", "--model-path", target, "--host", host,
                 "--port", str(port), "--served-model-name", "specbench-target", "--enable-metrics"]
 
+    gpu_flags = ("--tp-size", "--tp", "--tensor-parallel-size")
+
+    def gpu_args(self, gpus: int) -> list[str]:
+        return ["--tp-size", str(gpus)] if gpus > 1 else []
+
     def speculation_args(self, speculation: Speculation, *, help_text: str | None = None) -> list[str]:
         if not speculation.speculates:
             return []

@@ -44,6 +44,11 @@ class Vllm:
             config["num_speculative_tokens_per_batch_size"] = [list(r) for r in speculation.gamma_schedule]
         return {k: v for k, v in config.items() if v is not None}
 
+    gpu_flags = ("--tensor-parallel-size", "-tp")
+
+    def gpu_args(self, gpus: int) -> list[str]:
+        return ["--tensor-parallel-size", str(gpus)] if gpus > 1 else []
+
     def speculation_args(self, speculation: Speculation, *, help_text: str | None = None) -> list[str]:
         config = self.speculative_config(speculation)
         return [] if config is None else ["--speculative-config", json.dumps(config, separators=(",", ":"))]

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, StrictStr, ValidationInfo, field_validator, model_validator
 
-from specbench.profile.fields import PositiveFloat, Table
+from specbench.profile.fields import NonNegativeInt, PositiveFloat, PositiveInt, Table
 from specbench.profile.references import base_dir
 from specbench.profile.validation import rule, show
 
@@ -23,7 +23,9 @@ class ServerSpec(Table):
     binary: StrictStr | None = None  # the engine's executable (llama-server) or the Python that has it (vllm, sglang)
     url: StrictStr | None = None
     model: StrictStr | None = None  # the served model name to request (default: the first the server lists)
-    ready_timeout_s: PositiveFloat = 300.0
+    ready_timeout_s: PositiveFloat | None = None  # default: from the weights' size (backends/server/placement.py)
+    gpus: tuple[NonNegativeInt, ...] | None = None  # the GPUs (NVML/nvidia-smi indices) it may use; default: all visible
+    tensor_parallel: PositiveInt = 1  # GPUs per launch: vLLM --tensor-parallel-size, SGLang --tp-size, llama.cpp split
     request_timeout_s: PositiveFloat | None = None  # one request, send to last byte (default: 60 s + 1 s per token)
     point_timeout_s: PositiveFloat | None = None  # one point (default: its requests each using their whole deadline)
     extra_args: tuple[StrictStr, ...] = ()
@@ -49,4 +51,13 @@ class ServerSpec(Table):
                     raise rule("not used with url: nothing is launched (remove one of them)", at=(key,))
         elif self.engine == "openai":
             raise rule('engine "openai" attaches to a running server: set url = "http://HOST:PORT"', at=("url",))
+        if self.url is not None and (self.gpus is not None or self.tensor_parallel != 1):
+            raise rule("not used with url: the attached server already runs on its GPUs (remove it)",
+                       at=("gpus" if self.gpus is not None else "tensor_parallel",))
+        if self.gpus is not None:
+            if len(set(self.gpus)) != len(self.gpus) or not self.gpus:
+                raise rule(f"must list each GPU once, at least one (got {list(self.gpus)})", at=("gpus",))
+            if self.tensor_parallel > len(self.gpus):
+                raise rule(f"{self.tensor_parallel} GPUs per launch, but server.gpus lists {len(self.gpus)}: list more "
+                           "GPUs or lower tensor_parallel", at=("tensor_parallel",))
         return self

@@ -1,8 +1,10 @@
 """Local worker processes for `specbench run --workers N` and `specbench tune --workers N`.
 
-Each worker is a spawned process (CUDA does not survive a fork) that runs `target(plan, index)`. Where the
-profile's backend runs models in this process and the profile is not on the cpu, each worker sees one GPU, round robin over the visible ones, through
-CUDA_VISIBLE_DEVICES; on the cpu, the workers split the cores between them (torch.set_num_threads).
+Each worker is a spawned process (CUDA does not survive a fork) that runs `target(plan, index)`, pinned through
+CUDA_VISIBLE_DEVICES to GPUs of its own: where the profile's backend runs models in this process and the profile is
+not on the cpu, one visible GPU each (more workers than GPUs are refused; `device = "cuda:N"` shares GPU N on
+purpose); on the server backend, a disjoint group of `server.tensor_parallel` GPUs each, which its engines run on
+(backends/server/placement.py). On the cpu, in-process workers split the cores between them (torch.set_num_threads).
 A worker that fails sends its error's one line back; the launcher raises WorkerError naming the worker.
 """
 
@@ -19,6 +21,8 @@ from multiprocessing.queues import SimpleQueue
 from typing import Protocol, TypeVar
 
 from specbench.backends import get_backend
+from specbench.backends.server import placement
+from specbench.core import gpus as gpu_facts
 from specbench.core.errors import OneLineError, one_line
 from specbench.profile import Profile, with_overrides
 
@@ -46,18 +50,21 @@ def run_workers(target: Callable[[PlanT, int], None], plan: PlanT, *, workers: i
     `target` must be a module-level function (the spawned process imports it). Raises WorkerError when a
     worker failed."""
     local = get_backend(plan.profile.backend).pins_local_devices
-    gpus = worker_gpus(plan.profile.device) if local else []
+    gpus = worker_gpus(plan.profile.device, workers=workers) if local else server_gpus(plan.profile, workers=workers)
     threads = max(1, (os.cpu_count() or 1) // workers) if local and not gpus else 0
     context = multiprocessing.get_context("spawn")
     errors = context.SimpleQueue()  # (index, the error's one line) from each worker that raised
     processes = []
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    saved = {name: os.environ.get(name) for name in ("CUDA_VISIBLE_DEVICES", *gpu_facts.PCI_ORDER)}
     try:
         for index in range(workers):
             worker_plan = plan
             if gpus:
                 os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]  # inherited by the process started now
-                worker_plan = replace(plan, profile=with_overrides(plan.profile, device="cuda"))
+                if local:
+                    worker_plan = replace(plan, profile=with_overrides(plan.profile, device="cuda"))
+                else:  # NVML's indices, as the engines' launches take them
+                    os.environ.update(gpu_facts.PCI_ORDER)
             process = context.Process(target=_worker_main, args=(target, worker_plan, index, threads, errors),
                                       name=f"specbench-worker-{index}")
             process.start()
@@ -65,10 +72,11 @@ def run_workers(target: Callable[[PlanT, int], None], plan: PlanT, *, workers: i
             observer.message(f"worker {index} started (pid {process.pid})"
                              + (f" on GPU {os.environ['CUDA_VISIBLE_DEVICES']}" if gpus else ""))
     finally:
-        if saved is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     for process in processes:
         process.join()
     reasons = {}
@@ -105,19 +113,33 @@ def _exit_reason(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-def worker_gpus(device: str) -> list[str]:
-    """The CUDA_VISIBLE_DEVICES entries the workers take in turn: none on the cpu; for cuda:N only the
-    N-th visible GPU (every worker shares it); otherwise every visible GPU (none on a machine without)."""
+def worker_gpus(device: str, *, workers: int = 1, visible: list[str] | None = None) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries the in-process workers take in turn: none on the cpu; for cuda:N only the
+    N-th visible GPU (every worker shares it, as asked); otherwise one visible GPU each (none on a machine without),
+    more workers than GPUs refused."""
     if device == "cpu":
         return []
-    visible = _visible_gpus()
+    visible = _visible_gpus() if visible is None else visible
     if device.startswith("cuda:"):
         index = int(device.removeprefix("cuda:"))
         if index >= len(visible):
             raise WorkerError(f"device {device}: only {len(visible)} GPU(s) are visible; use cuda:0.."
                               f"{max(len(visible) - 1, 0)}, or cuda to spread the workers over all of them")
         return [visible[index]]
-    return visible
+    if visible and workers > len(visible):
+        raise WorkerError(f"--workers {workers}: one GPU per worker, but {len(visible)} "
+                          f"{'is' if len(visible) == 1 else 'are'} visible; use --workers {len(visible)} or fewer "
+                          f"(or device = \"cuda:N\" to share one GPU on purpose)")
+    return visible[:workers]
+
+
+def server_gpus(profile: Profile, *, workers: int) -> list[str]:
+    """CUDA_VISIBLE_DEVICES per worker of the server backend: a disjoint group of server.tensor_parallel GPUs each;
+    none on a CPU machine or for an attached server."""
+    if profile.server is None or profile.server.url is not None:
+        return []
+    machine = gpu_facts.machine_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return [gpu_facts.device_list(group) for group in placement.worker_groups(profile.server, machine, workers=workers)]
 
 
 def _visible_gpus() -> list[str]:

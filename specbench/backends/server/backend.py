@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from specbench.backends.base import AfterPrompt, Observer, OnRequest
-from specbench.backends.server import checks, client, heads, watch
+from specbench.backends.server import checks, client, heads, placement, watch
 from specbench.backends.server.measure import measure_point
 from specbench.backends.server.process import HOST, ServerFailed, ServerProcess, end_leftovers, free_port
 from specbench.engines import ENGINES, EngineError, ServingEngine, Speculation, parse_schedule
 from specbench.models.load import hf_folder, load_tokenizer, resolve_model
 from specbench.profile import Profile, ProfileError
+from specbench.core import gpus
 from specbench.core.results import PointSpec
 from specbench.workloads.build import build_workload
 
@@ -35,7 +36,6 @@ def launch_key(spec: PointSpec) -> tuple:
 
 class ServerSession:
     backend = "server"
-    uses_gpu = False  # the engine's own GPU use is measured by nvidia-smi beside its peak memory
 
     def __init__(self, profile: Profile, *, observer: Observer):
         self.profile = profile
@@ -48,10 +48,13 @@ class ServerSession:
         if self.attached and profile.drafts:
             raise ProfileError(f"{where}drafts: with server.url nothing is launched, so drafts cannot be swept "
                                "(remove the [[drafts]] tables, or drop url to let specbench launch the engine)")
+        # the GPUs every launch runs on (none on a CPU machine, or attached): refused before anything loads
+        self.gpus = () if self.attached else placement.launch_group(
+            self.settings, gpus.machine_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")), where=where)
         if not self.attached:
             self._check_methods(where)
             checks.check_command(self.settings.command, where)
-            checks.check_extra_args(self.settings.extra_args, where)
+            checks.check_extra_args(self.settings.extra_args, where, gpu_flags=self.engine.gpu_flags if self.gpus else ())
             self.binary = checks.find_binary(self.engine, self.settings, where)
             self.help_text = checks.help_text(self.binary, self.engine, self.settings)
             self.python_version = None if self.engine.loads_gguf or self.settings.command is not None else \
@@ -106,6 +109,10 @@ class ServerSession:
 
     def point_context(self, spec: PointSpec) -> dict[str, Any]:
         return {"backend": "server", "target_model": self.profile.target.model, "weight_mb": None}
+
+    def gpu_uuids(self) -> tuple[str, ...]:
+        """The GPUs of the running launch (an attached server's are unknown: not checked)."""
+        return tuple(gpu.uuid for gpu in self.gpus) if self.server is not None else ()
 
     def own_pids(self) -> list[int]:
         return [os.getpid(), *(self.server.descendants() if self.server is not None and self.server.alive() else [])]
@@ -172,12 +179,19 @@ class ServerSession:
         self.server = ServerProcess(argv, log_path=log_path, env=env, port=port).start()
         self._launched = key
         try:
-            self.server.wait_ready(timeout_s=self.settings.ready_timeout_s, health_path="/health")
+            self.server.wait_ready(timeout_s=self._ready_timeout_s(spec), health_path="/health")
         except ServerFailed as error:
             self._failed_launches[key] = f"log {log_path}"
             self._stop()
             raise error from None
         return self.server.url
+
+    def _ready_timeout_s(self, spec: PointSpec) -> float:
+        head = self.heads.get(spec.draft)
+        models = [engine_reference(self.profile.target.model, self.engine)]
+        if head is not None or spec.draft_model:
+            models.append(head.reference if head is not None else engine_reference(spec.draft_model, self.engine))
+        return placement.ready_timeout_s(self.settings.ready_timeout_s, [placement.model_bytes(m) for m in models])
 
     def launch_argv(self, spec: PointSpec) -> tuple[list[str], dict[str, str]]:
         """The exact argv (and extra environment) a point's launch runs."""
@@ -197,8 +211,9 @@ class ServerSession:
                 argv += ["--port", str(port)]
         else:
             argv = engine.command(target=target, host=HOST, port=port, binary=self.binary)
-        argv += engine.speculation_args(speculation, help_text=self.help_text) + list(self.settings.extra_args)
-        env = dict(self.settings.env)
+        argv += engine.speculation_args(speculation, help_text=self.help_text)
+        argv += (engine.gpu_args(len(self.gpus)) if self.gpus else []) + list(self.settings.extra_args)
+        env = {**dict(self.settings.env), **placement.launch_env(self.gpus)}
         if engine.loads_gguf and self.binary and os.sep in self.binary:  # llama.cpp's shared libraries lie beside it
             folder = str(Path(self.binary).resolve().parent)
             env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (folder, env.get("LD_LIBRARY_PATH",
@@ -219,10 +234,14 @@ class ServerSession:
         return self.python_version
 
     def _stop(self, *, grace_s: float = 10.0) -> None:
+        """Stop the engine, then wait until its processes are gone and its GPU memory is back (a relaunch needs it)."""
         if self.server is not None:
+            pids = self.server.descendants()
             self.server.stop(grace_s=grace_s)
             self.server = None
             self._launched = None
+            placement.wait_released(pids, self.gpus, alive=placement.pid_alive,
+                                    nvml=gpus.open_nvml() if self.gpus else None)
 
     def describe(self) -> dict[str, Any]:
         from specbench.backends.inprocess import environment_base
@@ -235,6 +254,7 @@ class ServerSession:
             "environment": environment_base(),
             "server": {"engine": self.settings.engine, "engine_version": self._engine_version(),
                        "attached": self.settings.url, "launches": self.launches,
+                       "gpus": [asdict(gpu) for gpu in self.gpus], "tensor_parallel": self.settings.tensor_parallel,
                        **({"ended_leftovers": self.leftovers} if self.leftovers else {})},
         }
         if self.attached:

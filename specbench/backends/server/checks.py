@@ -43,13 +43,17 @@ def check_command(command: tuple[str, ...] | None, where: str) -> None:
                                    f"placeholders are {known} (write {{{{ and }}}} for literal braces)")
 
 
-def check_extra_args(extra_args: tuple[str, ...], where: str) -> None:
-    """No extra argument sets what specbench chooses."""
+def check_extra_args(extra_args: tuple[str, ...], where: str, *, gpu_flags: tuple[str, ...] = ()) -> None:
+    """No extra argument sets what specbench chooses: the host and port, and on GPUs how many the launch uses."""
     for arg in extra_args:
         flag = arg.split("=", 1)[0]
         if flag in CHOSEN_FLAGS:
             raise ProfileError(f"{where}server.extra_args: {flag} is chosen by specbench (it launches the engine on "
                                "127.0.0.1 and a free port); remove it, or start the server yourself and set server.url")
+        if flag in gpu_flags:
+            raise ProfileError(f"{where}server.extra_args: {flag} is set by specbench on GPUs (every layer offloaded, "
+                               "server.tensor_parallel GPUs per launch); remove it, and set server.tensor_parallel or "
+                               "server.gpus instead")
 
 
 def flag_value(args: tuple[str, ...] | list[str], names: tuple[str, ...]) -> str | None:
