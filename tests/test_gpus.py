@@ -208,3 +208,32 @@ def test_profile_keys_for_gpus_are_checked_where_the_profile_enters():
     with pytest.raises(ValidationError, match="not used with url"):
         ServerSpec(engine="vllm", url="http://h:8000", tensor_parallel=2)
     assert SimpleNamespace(**ServerSpec(engine="vllm").model_dump()).ready_timeout_s is None
+
+
+def test_auto_does_not_fall_back_to_the_cpu_silently_where_the_driver_shows_gpus():
+    import torch
+
+    from specbench.decoding.devices import DeviceError, resolve_device
+
+    if torch.cuda.is_available():
+        pytest.skip("this torch uses the GPUs")
+    assert resolve_device("auto", driver_gpus=0).type == "cpu"
+    with pytest.raises(DeviceError, match=r"^the NVIDIA driver shows 8 GPU\(s\), but this torch \(.*\) cannot use "
+                                          r"them; install a torch built for the driver's CUDA"):
+        resolve_device("auto", driver_gpus=8)
+
+
+def test_a_price_per_gpu_hour_is_multiplied_by_the_gpus_a_replica_uses():
+    from specbench.profile import ProfileError, profile_from_dict, with_overrides
+
+    data = {"name": "p", "backend": "server", "server": {"engine": "vllm", "tensor_parallel": 4},
+            "target": {"model": "m"}, "sweep": {"gamma": [1], "temperature": [0.0]}, "workload": {"prompts": "builtin:mixed"},
+            "cost": {"usd_per_gpu_hour": 2.5}}
+    profile = profile_from_dict(data)
+    assert (profile.gpus_per_replica, profile.usd_per_replica_hour) == (4, 10.0)
+    assert with_overrides(profile, usd_per_hour=7.0).usd_per_replica_hour == 7.0  # the flag prices the replica
+    inprocess = profile_from_dict({**data, "backend": "native", "server": None})
+    assert inprocess.usd_per_replica_hour == 2.5
+    with pytest.raises(ProfileError, match=r"cost.usd_per_gpu_hour: give the price of a replica-hour or of a GPU-hour, "
+                                           r"not both \(remove one\)"):
+        profile_from_dict({**data, "cost": {"usd_per_hour": 1.0, "usd_per_gpu_hour": 2.5}})

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from specbench.core import gpus
 from specbench.core.errors import OneLineError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -16,14 +17,32 @@ class DeviceError(OneLineError, ValueError):
     """The requested device is not on this machine."""
 
 
-def resolve_device(name: str = "auto") -> torch.device:
-    """`auto` takes the first CUDA device when there is one, else the CPU."""
+def resolve_device(name: str = "auto", *, driver_gpus: int | None = None) -> torch.device:
+    """`auto` takes the first CUDA device when there is one, else the CPU — but not silently where the NVIDIA driver
+    shows GPUs that this torch cannot use (a wheel built for a newer CUDA than the driver runs): that is an error.
+    `driver_gpus`: how many GPUs the driver shows (default: NVML's answer)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if driver_gpus is None:
+            driver_gpus = len(gpus.machine_gpus(None))
+        if driver_gpus:
+            raise DeviceError(_unusable_gpus(driver_gpus))
+        return torch.device("cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise DeviceError(f"device '{name}' requested but CUDA is not available; use --device cpu or device = \"auto\"")
     return device
+
+
+def _unusable_gpus(count: int) -> str:
+    found = gpus.machine_gpus(None)
+    driver = found[0].cuda_driver_version if found else None
+    return (f"the NVIDIA driver shows {count} GPU(s), but this torch ({torch.__version__}, built for CUDA "
+            f"{torch.version.cuda or 'none: a CPU build'}) cannot use them"
+            + (f" (the driver runs CUDA up to {driver})" if driver else "")
+            + "; install a torch built for the driver's CUDA into specbench's environment, or set "
+              "device = \"cpu\" to run on the CPU on purpose")
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import StrictInt, model_validator
+import re
+
+from pydantic import StrictInt, StrictStr, field_validator, model_validator
 
 from specbench.engines.base import EngineError, check_schedule
 from specbench.profile.fields import Axis, FolderName, PositiveInt, Quantize, Table
 from specbench.profile.references import ModelReference, is_trained_head
-from specbench.profile.validation import converted, rule
+from specbench.profile.validation import URL_PATTERN, converted, rule, show
 
 
 DRAFT_MODEL_METHODS = ("draft", "eagle", "eagle3", "medusa")  # need a model: the draft, or the target's heads
@@ -30,6 +32,16 @@ class DraftSpec(Table):
     # this draft's gammas instead of sweep.gamma (e.g. an n-gram lookup that needs gamma >= its n-gram size on
     # llama.cpp, beside a head swept from 1)
     gamma: Annotated[tuple[PositiveInt, ...], Axis] | None = None
+    # a deployment already running this draft (with server.url, the baseline's): measured as it is, nothing launched;
+    # method, model and gamma then say what it runs, for the tables
+    url: StrictStr | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str | None) -> str | None:
+        if url is not None and not re.fullmatch(URL_PATTERN, url):
+            raise rule(f'must be "http://HOST:PORT" (got {show(url)})')
+        return url
 
     @model_validator(mode="after")
     def _fits_method(self) -> "DraftSpec":
@@ -39,7 +51,7 @@ class DraftSpec(Table):
             raise rule(f'trained:... is an EAGLE-3 head: set method = "eagle3", or a draft model for '
                         f'method "{self.method}"', at=("model",))
         if self.method != "ngram":
-            if self.model is None and self.method in DRAFT_MODEL_METHODS:
+            if self.model is None and self.method in DRAFT_MODEL_METHODS and self.url is None:
                 raise rule(
                     f'required for method "{self.method}" (set model = "builtin:..." or a hub id/path)',
                     at=("model",),

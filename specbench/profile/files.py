@@ -86,6 +86,8 @@ def with_overrides(
     for key, value in (("usd_per_hour", usd_per_hour), ("traffic_rps", traffic_rps)):
         if value is not None:
             data.setdefault("cost", {})[key] = value
+    if usd_per_hour is not None:  # the flag's price of a replica-hour replaces the profile's, whichever it gave
+        data["cost"].pop("usd_per_gpu_hour", None)
     if backend is not None:
         data["backend"] = backend
     if device is not None:

@@ -51,6 +51,16 @@ class Profile(Table):
         """The file this profile was loaded from; not part of the profile's content."""
         return self._source
 
+    @property
+    def gpus_per_replica(self) -> int:
+        """The GPUs one replica of what is measured uses: a launch's server.tensor_parallel; one in-process."""
+        return self.server.tensor_parallel if self.server is not None else 1
+
+    @property
+    def usd_per_replica_hour(self) -> float | None:
+        """[cost]'s price of a replica-hour, or its price of a GPU-hour times the GPUs a replica uses."""
+        return self.cost.replica_usd_per_hour(self.gpus_per_replica)
+
     def gammas(self, draft: DraftSpec) -> tuple[int, ...]:
         """The gammas a draft is swept at: its gamma_schedule's largest, its own gamma, else sweep.gamma."""
         if draft.gamma_schedule is not None:
@@ -103,8 +113,8 @@ class Profile(Table):
         """Every draft x gamma the sweep launches maps onto the engine's flags (some combinations an engine
         accepts but ignores: refused here rather than measured as a silent baseline)."""
         for index, draft in enumerate(self.drafts):
-            if draft.method not in engine.methods:
-                continue  # named by the server backend, with the methods the engine has
+            if draft.method not in engine.methods or draft.url is not None:
+                continue  # named by the server backend, with the methods the engine has; an attached one runs already
             if draft.gamma_schedule is not None:
                 try:
                     engine.speculation_args(Speculation(draft.method, max(g for _, _, g in draft.gamma_schedule),
@@ -120,6 +130,25 @@ class Profile(Table):
                 except EngineError as error:
                     raise rule(str(error), at=("drafts", index, "gamma") if draft.gamma else ("sweep", "gamma")) \
                         from None
+
+    @model_validator(mode="after")
+    def _attached_deployments(self) -> "Profile":
+        """With server.url (the baseline's deployment) every draft names the deployment that runs it; without, none."""
+        attached = self.server is not None and self.server.url is not None
+        for index, draft in enumerate(self.drafts):
+            if draft.url is not None and not attached:
+                raise rule("used with server.url, the baseline's running deployment: set server.url, or remove url to "
+                           "let specbench launch this draft", at=("drafts", index, "url"))
+            if draft.url is None and attached:
+                raise rule("required with server.url: the url of the running deployment that serves this draft "
+                           "(nothing is launched)", at=("drafts", index, "url"))
+            if draft.url is not None and len(self.gammas(draft)) != 1:
+                raise rule("a running deployment drafts at one gamma: set gamma = [N] to the one it runs",
+                           at=("drafts", index, "gamma"))
+            if draft.url is not None and draft.url.rstrip("/") == self.server.url.rstrip("/"):
+                raise rule("is server.url, the baseline's deployment: give the deployment that runs this draft",
+                           at=("drafts", index, "url"))
+        return self
 
     @model_validator(mode="after")
     def _compile_on_native(self) -> "Profile":

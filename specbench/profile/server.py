@@ -12,7 +12,7 @@ from pydantic import Field, StrictStr, ValidationInfo, field_validator, model_va
 
 from specbench.profile.fields import NonNegativeInt, PositiveFloat, PositiveInt, Table
 from specbench.profile.references import base_dir
-from specbench.profile.validation import rule, show
+from specbench.profile.validation import URL_PATTERN, rule, show
 
 class ServerSpec(Table):
     """How the server backend reaches a serving engine: launch it (engine, optional argv template and
@@ -44,7 +44,7 @@ class ServerSpec(Table):
     @model_validator(mode="after")
     def _launch_or_attach(self) -> "ServerSpec":
         if self.url is not None:
-            if not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", self.url):
+            if not re.fullmatch(URL_PATTERN, self.url):
                 raise rule(f'must be "http://HOST:PORT" (got {show(self.url)})', at=("url",))
             for key in ("command", "binary"):
                 if getattr(self, key) is not None:

@@ -13,6 +13,9 @@ from pydantic_core import PydanticCustomError
 # --- value rules -------------------------------------------------------------------------
 
 
+URL_PATTERN = r"https?://[^\s/]+(:\d+)?/?"  # a server's address: scheme, host and port, no path
+
+
 def show(value: Any) -> str:
     """A value as the user would write it in TOML (strings in double quotes), kept short."""
     text = json.dumps(value, default=str, ensure_ascii=False)

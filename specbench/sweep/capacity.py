@@ -65,7 +65,7 @@ class CapacitySearch:
 
     def finish(self) -> CapacityDocument:
         """capacity.json: gains over the baseline and costs filled in, written atomically; returned."""
-        document = capacity_document(self.entries, slo=self.slo, spec=self.spec, cost_spec=self.ctx.profile.cost)
+        document = capacity_document(self.entries, slo=self.slo, spec=self.spec, profile=self.ctx.profile)
         write_capacity(document, self.files.out_dir)
         self._write_manifest()
         return document
@@ -186,7 +186,7 @@ class CapacitySearch:
     def _summary(self, spec: PointSpec, rows: pd.DataFrame) -> dict[str, Any]:
         """The probe's own goodput, tokens/s and cost, by the same summary points.parquet holds."""
         table = summary.summarize([spec], rows, failures={}, context={}, slo=self.slo,
-                                  usd_per_hour=self.ctx.profile.cost.usd_per_hour)
+                                  usd_per_hour=self.ctx.profile.usd_per_replica_hour)
         return {k: results.plain(v) for k, v in table.iloc[0].to_dict().items()} if len(table) else {}
 
     def _write_manifest(self) -> None:
@@ -258,15 +258,15 @@ def _outcome(history: list[Probe], settings: SearchSettings, probes: list[dict],
             "note": outcome.note, "usd_per_mtok_at_capacity": passing.get("usd_per_mtok") if passing else None}
 
 
-def capacity_document(entries: list[dict[str, Any]], *, slo: dict[str, float], spec, cost_spec) -> CapacityDocument:
+def capacity_document(entries: list[dict[str, Any]], *, slo: dict[str, float], spec, profile) -> CapacityDocument:
     """capacity.json: the settings, and per configuration its search with the gain over the baseline's capacity
     (same temperature, top_p and axis, both found), the cost per million output tokens at capacity and its change,
     and the replicas the traffic needs."""
     typed = [entry_from_dict(_jsonable(entry)) for entry in entries]
     return CapacityDocument(
         target_attainment=spec.attainment, confidence=spec.confidence, slo=dict(slo), resolution=spec.resolution_value,
-        resolution_unit="relative" if spec.relative else "requests/s", usd_per_hour=cost_spec.usd_per_hour,
-        traffic_rps=cost_spec.traffic_rps, configurations=compared(typed, traffic_rps=cost_spec.traffic_rps))
+        resolution_unit="relative" if spec.relative else "requests/s", usd_per_hour=profile.usd_per_replica_hour,
+        traffic_rps=profile.cost.traffic_rps, configurations=compared(typed, traffic_rps=profile.cost.traffic_rps))
 
 
 def _jsonable(entry: dict[str, Any]) -> dict[str, Any]:

@@ -127,7 +127,7 @@ def _recommendation(plan: Plan, group, rows: list[dict[str, Any]], *, engines: d
         return _load_recommendation(plan, group, rows, chosen, engines=engines, baselines=baselines or [],
                                     counts={"trials": len(finished), "evaluations": len(evaluated),
                                             "space_exhausted": len(held) >= len(plan.space.configs())})
-    capacity = capacity_recommendation(chosen, capacity_baseline, usd_per_hour=plan.profile.cost.usd_per_hour,
+    capacity = capacity_recommendation(chosen, capacity_baseline, usd_per_hour=plan.profile.usd_per_replica_hour,
                                        traffic_rps=plan.profile.cost.traffic_rps)
     speculate = chosen is not None and (capacity["measurably_higher"] if capacity else _measurably_faster(chosen))
     entry: dict[str, Any] = {

@@ -45,9 +45,6 @@ class ServerSession:
         self.engine: ServingEngine | None = ENGINES.get(self.settings.engine)
         self.api_key = checks.api_key(profile)
         where = f"{profile.source}: " if profile.source else ""
-        if self.attached and profile.drafts:
-            raise ProfileError(f"{where}drafts: with server.url nothing is launched, so drafts cannot be swept "
-                               "(remove the [[drafts]] tables, or drop url to let specbench launch the engine)")
         # the GPUs every launch runs on (none on a CPU machine, or attached): refused before anything loads
         self.gpus = () if self.attached else placement.launch_group(
             self.settings, gpus.machine_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")), where=where)
@@ -60,14 +57,21 @@ class ServerSession:
             self.python_version = None if self.engine.loads_gguf or self.settings.command is not None else \
                 checks.installed_version(self.binary, self.engine, where)
         self.url = self.settings.url.rstrip("/") if self.attached else None
+        # attached: the running deployments measured side by side, the baseline's (server.url) and each draft's
+        self.deployments: dict[str | None, str] = {None: self.url, **{d.name: d.url.rstrip("/") for d in profile.drafts}} \
+            if self.attached else {}
         self.model_name = self.settings.model
+        self._models: dict[str, str] = {}  # url -> the model it serves (the first it lists, or server.model)
         self._last: dict[str, Any] = {}
-        if self.attached:  # before anything slow: a url nobody answers is a one-line error at once
+        for name, url in self.deployments.items():  # before anything slow: a url nobody answers is one line at once
+            key = "server.url" if name is None else f"drafts[{profile.drafts.index(self._draft(name))}].url"
             try:
-                self.model_name = self.model_name or _first_model(self.url, self.api_key)
+                self._models[url] = self.settings.model or _first_model(url, self.api_key)
             except ServerFailed as error:
-                raise ProfileError(f"{where}server.url: {self.url} does not answer ({error}); start the server "
-                                   "or fix the url") from None
+                raise ProfileError(f"{where}{key}: {url} does not answer ({error}); start the server or fix the url") \
+                    from None
+        if self.attached:
+            self.model_name = self._models[self.url]
         observer.message(f"loading the tokenizer of {profile.target.model}")
         self.tokenizer, self.target_identity = load_tokenizer(profile.target.model)
         self.workload = build_workload(profile.workload, self.tokenizer, seed=profile.run.seed, where=where)
@@ -101,9 +105,21 @@ class ServerSession:
     def identity(self) -> dict[str, Any]:
         return {"target": [self.target_identity, None], "backend": "server", "engine": self.settings.engine,
                 "engine_version": self._engine_version(), "attached": self.settings.url,
+                "deployments": {name: url for name, url in self.deployments.items() if name is not None},
                 "command": list(self.settings.command or ()), "extra_args": list(self.settings.extra_args)}
 
+    def _draft(self, name: str):
+        return next(d for d in self.profile.drafts if d.name == name)
+
+    def url_of(self, spec: PointSpec) -> str | None:
+        """Where an attached point's deployment answers (the baseline's for the baseline); None when launched."""
+        if not self.attached:
+            return None
+        return self.deployments[None if spec.method == "baseline" else spec.draft]
+
     def draft_identity(self, spec: PointSpec) -> str | None:
+        if self.attached and spec.method != "baseline":
+            return f"{self.url_of(spec)} {self._models[self.url_of(spec)]}"
         head = self.heads.get(spec.draft)
         return head.identity if head is not None else spec.draft_model
 
@@ -125,7 +141,7 @@ class ServerSession:
         timeout = watch.point_timeout_s(self.settings.point_timeout_s, timeouts=[r.timeout_s for r in requests],
                                         concurrency=spec.concurrency, request_rate=spec.request_rate,
                                         warmup=self.profile.run.warmup * (spec.concurrency or 1))
-        return watch.limits(url=self.server.url if self.server is not None else self.url, server=self.server,
+        return watch.limits(url=self.server.url if self.server is not None else self.url_of(spec), server=self.server,
                             point_timeout=timeout)
 
     def verify_costs(self, max_tokens: int) -> tuple[float, ...]:
@@ -136,7 +152,9 @@ class ServerSession:
     def run_point(self, spec: PointSpec, *, point_key: str, on_request: OnRequest,
                   after_prompt: AfterPrompt | None) -> list[dict[str, Any]]:
         url = self._serve(spec)
-        if self.model_name is None:
+        if self.attached:
+            self.model_name = self._models[url]
+        elif self.model_name is None:
             self.model_name = _first_model(url, self.api_key)
         try:
             rows, self._last = measure_point(self, spec, url=url, point_key=point_key, on_request=on_request,
@@ -161,7 +179,7 @@ class ServerSession:
     def _serve(self, spec: PointSpec) -> str:
         """The URL of a server running `spec`'s launch: attached, already running, or launched now."""
         if self.attached:
-            return self.url
+            return self.url_of(spec)
         key = launch_key(spec)
         if self.server is not None and self._launched == key and self.server.alive():
             return self.server.url
@@ -254,11 +272,14 @@ class ServerSession:
             "environment": environment_base(),
             "server": {"engine": self.settings.engine, "engine_version": self._engine_version(),
                        "attached": self.settings.url, "launches": self.launches,
+                       **({"deployments": {name: url for name, url in self.deployments.items() if name is not None}}
+                          if self.attached else {}),
                        "gpus": [asdict(gpu) for gpu in self.gpus], "tensor_parallel": self.settings.tensor_parallel,
                        **({"ended_leftovers": self.leftovers} if self.leftovers else {})},
         }
-        if self.attached:
-            described["server"]["reports"] = _server_report(self.url, self.api_key)
+        if self.attached:  # what each deployment says about itself, by the draft it serves ("baseline": server.url)
+            described["server"]["reports"] = {name or "baseline": {"url": url, **_server_report(url, self.api_key)}
+                                              for name, url in self.deployments.items()}
         return described
 
     def close(self) -> None:
