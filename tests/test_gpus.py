@@ -237,3 +237,28 @@ def test_a_price_per_gpu_hour_is_multiplied_by_the_gpus_a_replica_uses():
     with pytest.raises(ProfileError, match=r"cost.usd_per_gpu_hour: give the price of a replica-hour or of a GPU-hour, "
                                            r"not both \(remove one\)"):
         profile_from_dict({**data, "cost": {"usd_per_hour": 1.0, "usd_per_gpu_hour": 2.5}})
+
+
+def test_a_hub_model_is_pinned_by_revision_and_a_gated_one_names_the_token_and_the_licence():
+    from huggingface_hub.errors import GatedRepoError
+
+    from specbench.models.load import _hub_error, _hub_identity, resolve_model, split_revision
+
+    assert split_revision("meta-llama/Llama-3.1-8B-Instruct@0e9e39f") == ("meta-llama/Llama-3.1-8B-Instruct", "0e9e39f")
+    assert split_revision("Qwen/Qwen2.5-0.5B") == ("Qwen/Qwen2.5-0.5B", None)
+    source = resolve_model("meta-llama/Llama-3.1-8B-Instruct@0e9e39f")
+    assert (source.kind, source.location, source.revision) == ("hub", "meta-llama/Llama-3.1-8B-Instruct", "0e9e39f")
+    assert _hub_identity("meta-llama/Llama-3.1-8B-Instruct@0e9e39f", None) == "meta-llama/Llama-3.1-8B-Instruct@0e9e39f"
+    try:  # as the hub raises it for a gated repository, wrapped by transformers into an OSError
+        try:
+            url = "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/resolve/main/config.json"
+            response = SimpleNamespace(status_code=401, headers={}, request=None)  # the fields the error reads
+            raise GatedRepoError(f"401 Client Error. Cannot access gated repo for url {url}", response=response)
+        except GatedRepoError as gated:
+            raise OSError("You are trying to access a gated repo.") from gated
+    except OSError as error:
+        message = str(_hub_error("meta-llama/Llama-3.1-8B-Instruct@0e9e39f", error))
+    assert message == ("'meta-llama/Llama-3.1-8B-Instruct' is a gated model on the Hugging Face hub: accept its "
+                       "licence at https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct and set HF_TOKEN to a token "
+                       "of that account (or run `hf auth login`)")
+    assert "offline?" in str(_hub_error("x/y", OSError("Connection refused")))

@@ -30,6 +30,13 @@ QUANTIZE_MODES: tuple[str, ...] = ("int8",)
 class ModelSource:
     kind: Literal["gguf", "folder", "hub"]
     location: str  # absolute path for gguf/folder, the repo id for hub
+    revision: str | None = None  # hub: the commit, branch or tag pinned as "org/name@REVISION"
+
+
+def split_revision(ref: str) -> tuple[str, str | None]:
+    """"org/name@REVISION" -> ("org/name", "REVISION"); a reference without one -> (ref, None)."""
+    repo, at, revision = ref.partition("@")
+    return (repo, revision) if at and revision else (ref, None)
 
 
 def resolve_model(ref: str) -> ModelSource:
@@ -53,7 +60,7 @@ def resolve_model(ref: str) -> ModelSource:
         if not (path / "config.json").is_file():
             raise ModelError(f"model folder has no config.json: {ref}; point to a Hugging Face model folder")
         return ModelSource("folder", ref)
-    return ModelSource("hub", ref)
+    return ModelSource("hub", *split_revision(ref))
 
 
 def hf_folder(ref: str, *, progress: Progress = None) -> Path:
@@ -63,6 +70,18 @@ def hf_folder(ref: str, *, progress: Progress = None) -> Path:
     if source.kind == "hub":
         raise ModelError(f"{ref!r} is a Hugging Face hub id, not a local folder; use a local folder or .gguf file")
     return _local_folder(source, progress=progress)
+
+
+def hub_snapshot(ref: str) -> Path:
+    """The local folder of a hub model at its pinned revision ("org/name@REVISION"), downloaded once into the
+    Hugging Face cache: what an engine is pointed at, so that it serves exactly that revision."""
+    from huggingface_hub import snapshot_download
+
+    repo, revision = split_revision(ref)
+    try:
+        return Path(snapshot_download(repo, revision=revision))
+    except Exception as error:  # noqa: BLE001 - offline, gated, unknown revision: one line
+        raise _hub_error(ref, error) from error
 
 
 def _local_folder(source: ModelSource, *, progress: Progress) -> Path:
@@ -102,15 +121,41 @@ def _local_identity(source: ModelSource) -> str:
 
 
 def _hub_identity(ref: str, revision: Any) -> str:
-    commit = getattr(revision, "resolved", None)
-    return f"{ref}@{commit}" if commit else ref
+    repo, pinned = split_revision(ref)
+    commit = getattr(revision, "resolved", None) or pinned
+    return f"{repo}@{commit}" if commit else ref
+
+
+def _hub_revision(ref: str) -> Any:
+    """The revision to load: the pinned one ("org/name@REVISION"), else the hub's current commit (None offline)."""
+    from transformers.utils.hub import resolve_revision
+
+    repo, pinned = split_revision(ref)
+    return pinned if pinned is not None else resolve_revision(repo)  # fails open (None) when offline
 
 
 def _hub_error(ref: str, error: Exception) -> ModelError:
+    repo = split_revision(ref)[0]
+    if is_gated(error):
+        return ModelError(
+            f"{repo!r} is a gated model on the Hugging Face hub: accept its licence at https://huggingface.co/{repo} "
+            "and set HF_TOKEN to a token of that account (or run `hf auth login`)"
+        )
     return ModelError(
         f"cannot load {ref!r} from the Hugging Face hub (offline?): {short_reason(error)}; "
         "use a local folder or .gguf file"
     )
+
+
+def is_gated(error: BaseException) -> bool:
+    """Whether loading failed because the hub refused a gated repository (GatedRepoError, or a 401/403 saying so)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error).__name__ == "GatedRepoError" or "gated repo" in str(error).lower():
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 # --- Load -----------------------------------------------------------------------------------------
@@ -198,13 +243,11 @@ def _load_local(ref: str, source: ModelSource, *, dtype: torch.dtype, progress: 
 
 
 def _load_from_hub(ref: str, *, dtype: torch.dtype, progress: Progress) -> tuple[Any, Any, str]:
-    from transformers.utils.hub import resolve_revision
-
     if progress is not None:
         progress(f"loading {ref} from the Hugging Face hub")
     try:
-        revision = resolve_revision(ref)  # fails open (None) when offline
-        model, tokenizer, missing = _load_pretrained(ref, dtype=dtype, revision=revision)
+        revision = _hub_revision(ref)
+        model, tokenizer, missing = _load_pretrained(split_revision(ref)[0], dtype=dtype, revision=revision)
     except (OSError, ValueError) as error:
         raise _hub_error(ref, error) from error
     _check_no_missing_weights(ref, missing)
@@ -266,11 +309,10 @@ def load_tokenizer(ref: str) -> tuple[Any, str]:
 
 def _load_tokenizer_from_hub(ref: str) -> tuple[Any, str]:
     from transformers import AutoTokenizer
-    from transformers.utils.hub import resolve_revision
 
     try:
-        revision = resolve_revision(ref)  # fails open (None) when offline
-        tokenizer = AutoTokenizer.from_pretrained(ref, revision=revision)
+        revision = _hub_revision(ref)
+        tokenizer = AutoTokenizer.from_pretrained(split_revision(ref)[0], revision=revision)
     except (OSError, ValueError) as error:
         raise _hub_error(ref, error) from error
     return tokenizer, _hub_identity(ref, revision)

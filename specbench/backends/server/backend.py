@@ -20,7 +20,7 @@ from specbench.backends.server import checks, client, heads, placement, watch
 from specbench.backends.server.measure import measure_point
 from specbench.backends.server.process import HOST, ServerFailed, ServerProcess, end_leftovers, free_port
 from specbench.engines import ENGINES, EngineError, ServingEngine, Speculation, parse_schedule
-from specbench.models.load import hf_folder, load_tokenizer, resolve_model
+from specbench.models.load import hf_folder, hub_snapshot, load_tokenizer, resolve_model
 from specbench.profile import Profile, ProfileError
 from specbench.core import gpus
 from specbench.core.results import PointSpec
@@ -312,7 +312,9 @@ def engine_reference(ref: str, engine: ServingEngine) -> str:
         if source.kind != "gguf":
             raise ProfileError(f"{ref}: {engine.name} loads GGUF files; point the model at a .gguf file or a builtin")
         return source.location
-    return ref if source.kind == "hub" else str(hf_folder(ref))
+    if source.kind == "hub":  # a pinned revision is served from its snapshot; an unpinned id the engine fetches itself
+        return ref if source.revision is None else str(hub_snapshot(ref))
+    return str(hf_folder(ref))
 
 
 def _first_model(url: str, api_key: str | None) -> str:

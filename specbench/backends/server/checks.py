@@ -97,7 +97,8 @@ def model_window(ref: str) -> int | None:
         try:
             from transformers import AutoConfig
 
-            return context_window(AutoConfig.from_pretrained(ref, local_files_only=True))
+            return context_window(AutoConfig.from_pretrained(source.location, revision=source.revision,
+                                                             local_files_only=True))
         except (OSError, ValueError):
             return None
     if folder is not None and (folder / "config.json").is_file():
