@@ -1,13 +1,18 @@
-"""Tiny EAGLE-3 heads for tiny targets: untrained, or distilled for a few seconds with specbench.heads."""
+"""Tiny EAGLE-3 heads for tiny targets: untrained, or distilled for a few seconds with specbench.heads; and saved
+in the formats heads are published in (.bin weights, the speculators format)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 from tiny import DEVICE, tiny_llama
 
 from specbench.heads.data import capture_examples, greedy_continuations
 from specbench.heads.train import TrainSettings, fit, make_batches
-from specbench.models.eagle3 import Eagle3Head, head_config
+from specbench.models.eagle3 import Eagle3Head, config_json, head_config, save_head
+from specbench.models.eagle3_formats import EAGLE3_KEYS, WEIGHTS_FILE
 
 AUX_LAYERS = (1, 2, 4)  # of a 5-layer target: an early, a middle and the last layer's input
 
@@ -59,3 +64,51 @@ def trained_head(target, *, epochs: int = 30, seed: int = 0, examples=None) -> t
     losses = fit(head, batches, settings=settings, embed=embedding_of(target),
                  lm_head_weight=target.get_output_embeddings().weight.detach())
     return head, losses
+
+
+# --- a head in the formats heads are published in ----------------------------------------------------------
+
+VERIFIER = "acme/tiny-verifier"  # the verifier a speculators head written here names
+
+
+def save_bin(head: Eagle3Head, folder: Path) -> Path:
+    """The head in vLLM's own format with its tensors in pytorch_model.bin (a plain state dict, as torch.save
+    writes one) instead of model.safetensors."""
+    save_head(head, folder)
+    (folder / WEIGHTS_FILE).unlink()
+    torch.save({name: tensor.detach().cpu() for name, tensor in head.state_dict().items()},
+               folder / "pytorch_model.bin")
+    return folder
+
+
+def save_speculators(head: Eagle3Head, folder: Path, *, weights: str = "safetensors",
+                     norm_before_residual: bool | None = None) -> Path:
+    """The head as the speculators library saves an Eagle3Speculator: the layer's Llama config nested (as
+    to_diff_dict writes it: keys at their LlamaConfig default left out), the EAGLE-3 keys at the top (
+    norm_before_residual left out where None), the proposal and the verifier in speculators_config, the layer's
+    tensors named layers.0. rather than midlayer."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    own = config_json(head.config)
+    layer = {key: value for key, value in own.items() if key not in EAGLE3_KEYS and key != "dtype"}
+    layer = LlamaConfig(**{**layer, "architectures": ["LlamaForCausalLM"]}).to_diff_dict()
+    config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.3.0",
+              "draft_vocab_size": own["draft_vocab_size"], "target_hidden_size": None,
+              "eagle_aux_hidden_state_layer_ids": own["eagle_aux_hidden_state_layer_ids"],
+              "transformer_layer_config": layer,
+              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3,
+                                                           "accept_tolerance": 0.0, "verifier_accept_k": 1}],
+                                     "verifier": {"name_or_path": VERIFIER, "architectures": ["LlamaForCausalLM"]}}}
+    if norm_before_residual is not None:
+        config["norm_before_residual"] = norm_before_residual
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = {name.replace("midlayer.", "layers.0.", 1): tensor.detach().cpu().contiguous()
+               for name, tensor in head.state_dict().items()}
+    if weights == "safetensors":
+        save_file(tensors, str(folder / WEIGHTS_FILE))
+    else:
+        torch.save(tensors, folder / "pytorch_model.bin")
+    return folder

@@ -106,7 +106,7 @@ def edit_config(folder, **changes):
 @pytest.mark.parametrize("changes, message", [
     ({"architectures": ["LlamaForCausalLM"]},
      ('{path}: architectures: ["LlamaForCausalLM"] is not an EAGLE-3 head; use a head saved as '
-      '"LlamaForCausalLMEagle3" (vLLM\'s EAGLE-3 format)')),
+      '"LlamaForCausalLMEagle3" (vLLM\'s EAGLE-3 format) or in the speculators format')),
     ({"num_hidden_layers": 2}, "{path}: num_hidden_layers: specbench runs one-layer EAGLE-3 heads (got 2)"),
     ({"eagle_aux_hidden_state_layer_ids": [1, 2, 9]},
      ("{path}: eagle_aux_hidden_state_layer_ids: [1, 2, 9] must be layers 0..5 of the target (5 decoder layers); "

@@ -11,6 +11,9 @@ The format (vLLM 0.32, `model_executor/models/llama_eagle3.py`): a Llama config 
 
 Aux layer L is the input of the target's decoder layer L (vLLM adds the residual stream back in: the same
 tensor as transformers' `hidden_states[L]`); L = n is the last layer's output before the final norm.
+
+Heads are also read in the vLLM `speculators` format and with `pytorch_model.bin` weights (specbench.models.
+eagle3_formats), into the same head; `convert_head` writes any of them in vLLM's own format.
 """
 
 from __future__ import annotations
@@ -25,12 +28,19 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from specbench.models.eagle3_formats import (
+    ARCHITECTURE,
+    ARCHITECTURES,
+    WEIGHTS_FILE,
+    download,
+    from_speculators,
+    is_speculators,
+    key_name,
+    read_tensors,
+    trained_for,
+)
 from specbench.models.errors import HeadError
 from specbench.models.load import LoadedModel, folder_identity, weight_bytes
-
-ARCHITECTURE = "LlamaForCausalLMEagle3"
-ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")  # both map to vLLM's Eagle3LlamaForCausalLM
-WEIGHTS_FILE = "model.safetensors"
 # config keys of head variants vLLM has and this implementation does not run
 UNSUPPORTED_TRUE = ("norm_before_fc", "fc_norm", "norm_output", "parallel_drafting")
 
@@ -176,8 +186,9 @@ def config_json(config: LlamaConfig) -> dict[str, Any]:
 
 
 def read_config(folder: Path, *, native: bool = True) -> LlamaConfig:
-    """The head's config.json, checked to be a one-layer EAGLE-3 Llama head (HeadError otherwise); `native`: also
-    one this module runs (not a variant only the engines have)."""
+    """The head's config.json (vLLM's own EAGLE-3 format or the speculators format), checked to be a one-layer
+    EAGLE-3 Llama head (HeadError otherwise); `native`: also one this module runs (not a variant only the engines
+    have)."""
     path = folder / "config.json"
     try:
         data = json.loads(path.read_text())
@@ -186,45 +197,57 @@ def read_config(folder: Path, *, native: bool = True) -> LlamaConfig:
                         f"{WEIGHTS_FILE})") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise HeadError(f"{path}: not readable JSON ({error}); write the head again") from None
+    if is_speculators(data):
+        data = from_speculators(data, path=path)
     architectures = data.get("architectures") or []
     if not any(name in ARCHITECTURES for name in architectures):
         raise HeadError(f'{path}: architectures: {json.dumps(architectures)} is not an EAGLE-3 head; use a head '
-                        f'saved as "{ARCHITECTURE}" (vLLM\'s EAGLE-3 format)')
+                        f'saved as "{ARCHITECTURE}" (vLLM\'s EAGLE-3 format) or in the speculators format')
     if data.get("num_hidden_layers") != 1:
-        raise HeadError(f"{path}: num_hidden_layers: specbench runs one-layer EAGLE-3 heads "
+        raise HeadError(f"{path}: {key_name(data, 'num_hidden_layers')}: specbench runs one-layer EAGLE-3 heads "
                         f"(got {data.get('num_hidden_layers')})")
-    for key in UNSUPPORTED_TRUE if native else ():
-        if data.get(key) or (data.get("eagle_config") or {}).get(key):
-            raise HeadError(f"{path}: {key}: this head variant is not supported by the native backend (run it "
-                            'on backend = "server")')
-    data.setdefault("draft_vocab_size", data.get("vocab_size"))
-    data.setdefault("target_hidden_size", data.get("hidden_size"))
-    data.setdefault("norm_before_residual", False)
-    layer_ids = data.get("eagle_aux_hidden_state_layer_ids") or (data.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids")
-    data["eagle_aux_hidden_state_layer_ids"] = layer_ids  # None: the target's default, set by `fit_to_target`
-    return LlamaConfig.from_dict(data)
+    if native and (what := variant(data)):
+        raise HeadError(f"{path}: {what}: this head variant is not supported by the native backend (run it "
+                        'on backend = "server")')
+    data["eagle_aux_hidden_state_layer_ids"] = data.get("eagle_aux_hidden_state_layer_ids") or (
+        data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")  # None: the target's default
+    config = LlamaConfig.from_dict(data)
+    if getattr(config, "draft_vocab_size", None) is None:  # absent: the target's vocabulary, as vLLM reads it
+        config.draft_vocab_size = config.vocab_size
+    if getattr(config, "target_hidden_size", None) is None:
+        config.target_hidden_size = config.hidden_size
+    config.norm_before_residual = bool(getattr(config, "norm_before_residual", False))
+    return config
+
+
+def variant(data: dict[str, Any]) -> str | None:
+    """The key (and value) of a head variant vLLM has and this module does not run, None for a head it runs."""
+    if data.get("layer_model_type", "llama") != "llama":  # a speculators head for Qwen3: vLLM's Eagle3Qwen3 class
+        return f"transformer_layer_config.model_type: {json.dumps(data['layer_model_type'])}"
+    return next((key for key in UNSUPPORTED_TRUE if data.get(key) or (data.get("eagle_config") or {}).get(key)), None)
 
 
 def fit_to_target(config: LlamaConfig, target_config: Any, *, where: str) -> LlamaConfig:
-    """Check the head against the target (HeadError naming the key) and resolve default aux layers."""
+    """Check the head against the target (HeadError naming the key as its config.json writes it) and resolve
+    default aux layers."""
     depth = target_config.num_hidden_layers
     if config.eagle_aux_hidden_state_layer_ids is None:
         config.eagle_aux_hidden_state_layer_ids = list(default_aux_layers(depth))
     layers = list(config.eagle_aux_hidden_state_layer_ids)
+    fix = f"use a head trained for this target{trained_for(config)}"
     if not layers or any(not isinstance(i, int) or not 0 <= i <= depth for i in layers):
         raise HeadError(f"{where}: eagle_aux_hidden_state_layer_ids: {layers} must be layers 0..{depth} of the "
                         f"target ({depth} decoder layers); train the head for this target")
     if config.hidden_size != target_config.hidden_size:
-        raise HeadError(f"{where}: hidden_size: {config.hidden_size} does not match the target's hidden_size "
-                        f"{target_config.hidden_size} (the head reads the target's embeddings); use a head trained "
-                        "for this target")
+        raise HeadError(f"{where}: {key_name(config, 'hidden_size')}: {config.hidden_size} does not match the "
+                        f"target's hidden_size {target_config.hidden_size} (the head reads the target's embeddings); "
+                        f"{fix}")
     if config.target_hidden_size != target_config.hidden_size:
         raise HeadError(f"{where}: target_hidden_size: {config.target_hidden_size} does not match the target's "
-                        f"hidden_size {target_config.hidden_size}; use a head trained for this target")
+                        f"hidden_size {target_config.hidden_size}; {fix}")
     if config.vocab_size != target_config.vocab_size:
-        raise HeadError(f"{where}: vocab_size: {config.vocab_size} does not match the target's vocab_size "
-                        f"{target_config.vocab_size}; use a head trained for this target")
+        raise HeadError(f"{where}: {key_name(config, 'vocab_size')}: {config.vocab_size} does not match the "
+                        f"target's vocab_size {target_config.vocab_size}; {fix}")
     return config
 
 
@@ -233,31 +256,27 @@ def fit_to_target(config: LlamaConfig, target_config: Any, *, where: str) -> Lla
 
 def load_head(folder: Path, *, target_config: Any, device: torch.device | str = "cpu",
               dtype: torch.dtype = torch.float32) -> Eagle3Head:
-    """Read a head folder in vLLM's EAGLE-3 format, checked against the target; eval mode on `device`."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
+    """Read a head folder (vLLM's EAGLE-3 format or the speculators format; safetensors or .bin weights), checked
+    against the target; eval mode on `device`."""
     folder = Path(folder)
     config = fit_to_target(read_config(folder), target_config, where=str(folder / "config.json"))
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise HeadError(f"{folder}: no .safetensors weights; save the head with its tensors")
-    tensors: dict[str, torch.Tensor] = {}
-    for path in files:
-        try:
-            tensors.update(load_file(str(path)))
-        except (OSError, SafetensorError) as error:
-            raise HeadError(f"{path}: unreadable safetensors ({error}); write the head again") from None
-    return head_from_tensors(config, tensors, where=str(folder)).to(device=device, dtype=dtype).eval()
+    return head_from_tensors(config, read_tensors(folder), where=str(folder)).to(device=device, dtype=dtype).eval()
 
 
-def head_from_tensors(config: LlamaConfig, tensors: dict[str, torch.Tensor], *, where: str) -> Eagle3Head:
+def check_tensors(config: LlamaConfig, tensors: dict[str, torch.Tensor], *, where: str) -> dict[str, torch.Tensor]:
+    """The tensors a head of `config` loads (t2d derived from d2t where it lacks it, dropped where the head needs
+    none); HeadError naming the first tensor that is missing, extra or of another shape."""
     own_lm_head = "lm_head.weight" in tensors
     if not own_lm_head and config.draft_vocab_size != config.vocab_size:
         raise HeadError(f"{where}: draft_vocab_size: {config.draft_vocab_size} needs the head's own lm_head.weight "
                         f"and d2t (without them the target's lm_head covers all {config.vocab_size} ids)")
-    head = Eagle3Head(config, own_lm_head=own_lm_head, own_embeddings="embed_tokens.weight" in tensors)
-    expected = head.state_dict()
+    shaped = config
+    if config.eagle_aux_hidden_state_layer_ids is None:  # the target's default: three layers, as vLLM assumes
+        shaped = LlamaConfig.from_dict({**config.to_dict(), "eagle_aux_hidden_state_layer_ids": [0, 0, 0]})
+    with torch.device("meta"):  # shapes only: nothing allocated
+        expected = Eagle3Head(shaped, own_lm_head=own_lm_head,
+                              own_embeddings="embed_tokens.weight" in tensors).state_dict()
+    tensors = dict(tensors)
     if "t2d" not in expected:
         tensors.pop("t2d", None)  # a full-vocabulary head needs no mapping
     elif "t2d" not in tensors and "d2t" in tensors:  # t2d is optional: vLLM skips it
@@ -270,6 +289,13 @@ def head_from_tensors(config: LlamaConfig, tensors: dict[str, torch.Tensor], *, 
         if tuple(tensors[name].shape) != tuple(expected[name].shape):
             raise HeadError(f"{where}: tensor {name} has shape {list(tensors[name].shape)}, the config needs "
                             f"{list(expected[name].shape)}; config.json and the weights disagree")
+    return tensors
+
+
+def head_from_tensors(config: LlamaConfig, tensors: dict[str, torch.Tensor], *, where: str) -> Eagle3Head:
+    tensors = check_tensors(config, tensors, where=where)
+    head = Eagle3Head(config, own_lm_head="lm_head.weight" in tensors, own_embeddings="embed_tokens.weight" in tensors)
+    expected = head.state_dict()
     head.load_state_dict({name: tensor.to(expected[name].dtype) for name, tensor in tensors.items()}, strict=True)
     return head
 
@@ -282,14 +308,34 @@ def _t2d_from_d2t(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def save_head(head: Eagle3Head, folder: Path, *, extra: dict[str, Any] | None = None) -> Path:
     """config.json + model.safetensors (float32 weights, int64 d2t, bool t2d) in `folder`."""
+    tensors = {name: tensor.detach().to("cpu") for name, tensor in head.state_dict().items()}
+    tensors = {name: (t.float() if t.is_floating_point() else t) for name, t in tensors.items()}
+    return _write(head.config, tensors, Path(folder), extra=extra)
+
+
+def convert_head(folder: Path, out: Path) -> Path:
+    """A head folder in any format `load_head` reads, written to `out` in vLLM's own format (config.json +
+    model.safetensors, each tensor in its own dtype, every key explicit): for an engine or converter that reads
+    only that format. Aux layers the source leaves to the target's default stay so."""
+    config = read_config(Path(folder))
+    tensors = check_tensors(config, read_tensors(Path(folder)), where=str(folder))
+    floating = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    source = {"folder": str(folder), "format": getattr(config, "source_format", "eagle3"),
+              "speculative_tokens": getattr(config, "speculative_tokens", None),
+              "verifier": getattr(config, "verifier", None)}
+    return _write(config, tensors, Path(out), dtype=floating.pop() if len(floating) == 1 else torch.float32,
+                  extra={"specbench_converted_from": source})
+
+
+def _write(config: LlamaConfig, tensors: dict[str, torch.Tensor], folder: Path, *, dtype: torch.dtype = torch.float32,
+           extra: dict[str, Any] | None = None) -> Path:
     from safetensors.torch import save_file
 
-    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in head.state_dict().items()}
-    tensors = {name: (t.float() if t.is_floating_point() else t) for name, t in tensors.items()}
-    (folder / "config.json").write_text(json.dumps({**config_json(head.config), **(extra or {})}, indent=2) + "\n")
-    save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    data = {**config_json(config), "dtype": str(dtype).removeprefix("torch."), **(extra or {})}
+    (folder / "config.json").write_text(json.dumps(data, indent=2) + "\n")
+    save_file({name: t.contiguous() for name, t in tensors.items()}, str(folder / WEIGHTS_FILE),
+              metadata={"format": "pt"})
     return folder
 
 
@@ -300,13 +346,7 @@ def head_folder(ref: str) -> Path:
         return path
     if path.is_absolute() or ref.startswith((".", "~")):
         raise HeadError(f"{ref}: no such folder; point to an EAGLE-3 head folder (config.json + {WEIGHTS_FILE})")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(ref, allow_patterns=["*.json", "*.safetensors"]))
-    except (OSError, ValueError) as error:  # offline, unknown repo, no access, not a repo id
-        raise HeadError(f"cannot download the EAGLE-3 head {ref!r} from the Hugging Face hub "
-                        f"({type(error).__name__}); use a local head folder") from None
+    return download(ref)
 
 
 def load_head_model(ref: str, target: LoadedModel, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:

@@ -1,6 +1,8 @@
 """EAGLE-3 heads on the engines, settled before anything launches: `trained:PRESET` distilled for the target (or
 taken from the cache), a head folder (or a hub id, downloaded) checked against the target (an EAGLE-3 config, its hidden size,
-vocabulary and auxiliary layers), and for llama.cpp, which loads GGUF files, the folder converted once by llama.cpp's
+vocabulary and auxiliary layers), a head in the speculators format or with `pytorch_model.bin` weights converted once
+to vLLM's own format (config.json + model.safetensors, cached by the head's identity) for every engine but vLLM,
+which reads both itself, and for llama.cpp, which loads GGUF files, the folder converted once by llama.cpp's
 own converter (`convert_hf_to_gguf.py --target-model-dir`, cached by the head's and the target's identities).
 
 The converter is found beside the llama-server binary (a llama.cpp checkout's `convert_hf_to_gguf.py` above
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,7 +27,8 @@ from specbench.heads.reference import head_folder_reference
 from specbench.models.registry import cache_dir
 from specbench.models.gguf import gguf_sha256
 from specbench.models.load import hf_folder, resolve_model
-from specbench.models.eagle3 import HeadError, fit_to_target, head_folder, read_config
+from specbench.models.eagle3 import HeadError, convert_head, fit_to_target, head_folder, read_config, variant
+from specbench.models.eagle3_formats import SPECULATORS, weight_files
 from specbench.models.load import folder_identity
 from specbench.profile import Profile, ProfileError
 
@@ -32,6 +36,8 @@ CONVERTER = "convert_hf_to_gguf.py"
 CONVERTER_ENV = "SPECBENCH_LLAMA_CONVERTER"
 CONVERT_TIMEOUT_S = 600.0
 HEAD_METHODS = ("eagle3",)
+READS_EVERY_FORMAT = ("vllm",)  # engines given a speculators-format or .bin head as it is
+CONVERSION_VERSION = 1  # of the conversion to vLLM's own format (keys its cache)
 
 
 @dataclass(frozen=True)
@@ -69,22 +75,52 @@ def _engine_head(reference: str, target: str, engine: ServingEngine, *, binary: 
         return EngineHead(reference, gguf_sha256(Path(reference)), None)
     hub_id = None if Path(reference).is_dir() else reference
     folder = head_folder(reference)  # a hub id: downloaded once into the Hugging Face cache, to check and convert
+    config = read_config(folder, native=False)
     target_folder = _target_folder(target)
     if target_folder is not None:
         from transformers import AutoConfig
 
-        fit_to_target(read_config(folder, native=False), AutoConfig.from_pretrained(target_folder),
-                      where=str(folder / "config.json"))
-    else:
-        read_config(folder, native=False)
+        fit_to_target(config, AutoConfig.from_pretrained(target_folder), where=str(folder / "config.json"))
     identity = folder_identity(folder)
+    given = folder
+    if engine.name not in READS_EVERY_FORMAT and needs_conversion(folder, config):
+        if what := variant(config.to_dict()):
+            raise HeadError(f"{folder / 'config.json'}: {what}: {engine.name} is given heads in vLLM's own format, "
+                            "and specbench converts only the heads it runs itself; run this one on vLLM "
+                            '(engine = "vllm"), which reads it as it is')
+        given = converted_head(folder, say=say)
     if not engine.loads_gguf:  # a hub id as given: the engine finds it in the same cache
-        return EngineHead(hub_id or str(folder), identity, str(folder))
+        return EngineHead(str(given) if given != folder else hub_id or str(folder), identity, str(folder))
     if target_folder is None:
         raise HeadError(f"{folder}: converting a head for llama.cpp needs the target's local folder "
                         f"(--target-model-dir); {target} is not local")
-    gguf = head_gguf(folder, target_folder, converter=find_converter(binary), say=say)
+    gguf = head_gguf(given, target_folder, converter=find_converter(binary), say=say)
     return EngineHead(str(gguf), identity, str(folder))
+
+
+def needs_conversion(folder: Path, config) -> bool:
+    """A head in the speculators format or with .bin weights (not vLLM's own format with safetensors)."""
+    files = weight_files(folder)
+    return getattr(config, "source_format", None) == SPECULATORS or (bool(files) and files[0].suffix == ".bin")
+
+
+def converted_head(folder: Path, *, say: Callable[[str], None]) -> Path:
+    """The head in vLLM's own format (config.json + model.safetensors), converted once per head: cached under
+    cache_dir()/heads-converted/, keyed by the source folder's identity; moved into place whole."""
+    key = hashlib.sha256(f"{CONVERSION_VERSION}\0{folder_identity(folder)}".encode()).hexdigest()[:16]
+    out = cache_dir() / "heads-converted" / key
+    if out.is_dir():
+        return out
+    say(f"converting the EAGLE-3 head {folder} to vLLM's own format (config.json + model.safetensors), once: {out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=out.parent))
+    try:
+        convert_head(folder, tmp)
+        if not out.exists():  # a concurrent run that finished first wins
+            os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 def _target_folder(target: str) -> Path | None:
