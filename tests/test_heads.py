@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from pathlib import Path
 
 import pandas as pd
@@ -12,10 +13,13 @@ import pytest
 from tiny import WORDS, tiny_llama, write_model_folder
 from typer.testing import CliRunner
 
+from specbench.backends import inprocess
 from specbench.backends.inprocess import load_models
 from specbench.cli import app
+from specbench.heads import distill, reference
 from specbench.heads.distill import train_head
 from specbench.heads.settings import HeadSettings
+from specbench.models.load import load_model
 from specbench.models.eagle3 import load_head
 from specbench.profile import ProfileError, load_profile
 from specbench.sweep import run_profile
@@ -61,6 +65,60 @@ def test_train_head_caches_a_head_in_vllms_format(project):
     other = train_head(str(project / "target"), settings=HeadSettings(**{**SETTINGS, "seed": 1}), observer=Quiet(),
                        device="cpu")
     assert other.folder != report.folder and not other.cached
+
+
+class Said(Quiet):
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.lines.append(text)
+
+
+SMOKE_TEST = ("a head distilled from 8 prompts is a smoke test of the pipeline, not what a published EAGLE-3 head "
+              "accepts (those are trained on hundreds of thousands of conversations): for figures to deploy on, point "
+              "model at a published head for the target, or train on far more prompts (--max-prompts)")
+
+
+def test_a_cached_head_does_not_load_the_target(project, monkeypatch):
+    settings = HeadSettings(**SETTINGS)
+    first = train_head(str(project / "target"), settings=settings, observer=Quiet(), device="cpu")
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the target was loaded for a cached head")
+
+    monkeypatch.setattr(distill, "load_model", no_loading)
+    said = Said()
+    again = train_head(str(project / "target"), settings=settings, observer=said, device="cpu")
+    assert again.cached and again.folder == first.folder and again.agreement == first.agreement
+    assert said.lines == [SMOKE_TEST]  # said of a cached head too; no "loading target"
+    assert distill.smoke_test_note(HeadSettings(max_prompts=129)) is None
+
+
+def test_trained_heads_are_distilled_before_the_run_loads_its_target_and_freed(project, monkeypatch):
+    """trained:PRESET on the native backend: distilled first, the distillation's own copy of the target gone (freed)
+    before the run loads the target; a second run takes the head from the cache without loading a second copy."""
+    monkeypatch.setitem(reference.PRESETS, "quick", HeadSettings(**SETTINGS))
+    distilled: list[weakref.ref] = []
+
+    def distil_load(*args, **kwargs):
+        loaded = load_model(*args, **kwargs)
+        distilled.append(weakref.ref(loaded.model))
+        return loaded
+
+    def run_load(*args, **kwargs):
+        assert distilled and all(model() is None for model in distilled), "the distillation's target is alive"
+        return load_model(*args, **kwargs)
+
+    monkeypatch.setattr(distill, "load_model", distil_load)
+    monkeypatch.setattr(inprocess, "load_model", run_load)
+    (project / "tiny.toml").write_text(profile_text(head="trained:quick"))
+    said = Said()
+    models = load_models(load_profile(project / "tiny.toml"), observer=said)
+    assert len(distilled) == 1 and models.drafts["head"].model.lm_head.weight.shape == (24, 64)
+    assert SMOKE_TEST in said.lines
+    load_models(load_profile(project / "tiny.toml"), observer=Quiet())
+    assert len(distilled) == 1  # the second run: the head from the cache
 
 
 def heads_cli(*args: str):
@@ -147,7 +205,8 @@ def test_a_head_that_is_not_eagle3_stops_the_run_before_any_point(project):
     (project / "tiny.toml").write_text(profile_text(head="./target"))  # a plain Llama folder, not a head
     with pytest.raises(ProfileError, match=re.escape(
             f'tiny.toml: drafts[0].model: {project}/target/config.json: architectures: ["LlamaForCausalLM"] is not '
-            'an EAGLE-3 head; use a head saved as "LlamaForCausalLMEagle3" (vLLM\'s EAGLE-3 format)')):
+            'an EAGLE-3 head; use a head saved as "LlamaForCausalLMEagle3" (vLLM\'s EAGLE-3 format) or in the '
+            'speculators format')):
         load_models(load_profile(project / "tiny.toml"), observer=Quiet())
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ from specbench.decoding import devices
 from specbench.heads.data import IGNORE, capture_examples, draft_vocabulary, greedy_continuations, split_held_out
 from specbench.heads.train import TrainSettings, agreement, fit, make_batches
 from specbench.models.registry import cache_dir
-from specbench.models.load import load_model
+from specbench.models.load import load_model, load_tokenizer
 from specbench.heads.settings import HeadReport, HeadSettings
 from specbench.models.errors import HeadError
 from specbench.models.eagle3 import Eagle3Head, default_aux_layers, head_config, save_head
@@ -29,6 +30,7 @@ from specbench.workloads.build import build_workload
 
 FORMAT_VERSION = 1
 REPORT_FILE = "specbench_head.json"
+SMOKE_TEST_PROMPTS = HeadSettings().max_prompts  # a head from this many prompts (the default) or fewer
 
 
 class Observer(Protocol):
@@ -56,16 +58,42 @@ def read_report(folder: Path) -> HeadReport:
 
 def train_head(target: str, *, settings: HeadSettings, observer: Observer, device: str = "auto",
                fresh: bool = False) -> HeadReport:
-    """The head for `target` under `settings`: from the cache, or distilled now (then cached)."""
+    """The head for `target` under `settings`: from the cache (the target's weights are not loaded: its identity
+    comes with its tokenizer), or distilled now and cached. A distillation's target is freed, and on CUDA the
+    allocator's cache emptied, before this returns: an engine launched next finds the memory free."""
     settings.check()
-    started = time.perf_counter()
     torch_device = devices.resolve_device(device)
     dtype = devices.resolve_dtype("auto", torch_device)
-    observer.message(f"loading target {target}")
-    loaded = load_model(target, device=torch_device, dtype=dtype)
-    folder = heads_dir() / head_key(loaded.identity, settings, device=torch_device, dtype=dtype)[:16]
+    _, identity = load_tokenizer(target)  # the identity load_model reports
+    folder = heads_dir() / head_key(identity, settings, device=torch_device, dtype=dtype)[:16]
+    if (note := smoke_test_note(settings)) is not None:
+        observer.message(note)
     if not fresh and (folder / REPORT_FILE).is_file():
         return read_report(folder)
+    report = _distil(target, settings=settings, observer=observer, torch_device=torch_device, dtype=dtype,
+                     folder=folder)
+    gc.collect()  # the target, its states and the optimizer went with _distil's frame; reference cycles too
+    if torch_device.type == "cuda":
+        torch.cuda.empty_cache()
+    return report
+
+
+def smoke_test_note(settings: HeadSettings) -> str | None:
+    """What a head distilled from the default number of prompts or fewer is (None for more)."""
+    if settings.max_prompts > SMOKE_TEST_PROMPTS:
+        return None
+    return (f"a head distilled from {settings.max_prompts} prompts is a smoke test of the pipeline, not what a "
+            "published EAGLE-3 head accepts (those are trained on hundreds of thousands of conversations): for "
+            "figures to deploy on, point model at a published head for the target, or train on far more prompts "
+            "(--max-prompts)")
+
+
+def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_device: torch.device,
+            dtype: torch.dtype, folder: Path) -> HeadReport:
+    """Distil the head and cache it in `folder`; what it loads (the target first) goes when it returns."""
+    started = time.perf_counter()
+    observer.message(f"loading target {target}")
+    loaded = load_model(target, device=torch_device, dtype=dtype)
     model, config = loaded.model, loaded.model.config
     if settings.draft_vocab_size > config.vocab_size:
         raise HeadError(f"--draft-vocab-size: {settings.draft_vocab_size} exceeds the target's vocabulary of "
