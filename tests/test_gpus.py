@@ -262,3 +262,18 @@ def test_a_hub_model_is_pinned_by_revision_and_a_gated_one_names_the_token_and_t
                        "licence at https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct and set HF_TOKEN to a token "
                        "of that account (or run `hf auth login`)")
     assert "offline?" in str(_hub_error("x/y", OSError("Connection refused")))
+
+
+def test_an_in_process_target_too_large_for_one_gpu_is_refused_before_loading(tmp_path):
+    from specbench.backends.inprocess import gpu_fit_problem
+    from specbench.models.load import parameter_count
+    from tiny import tiny_llama
+
+    gib = 2**30
+    assert gpu_fit_problem(16 * gib, 79 * gib, dtype="torch.bfloat16") is None  # an 8B on an H100
+    assert gpu_fit_problem(140 * gib, 79 * gib, dtype="torch.bfloat16") == (
+        "needs 140.0 GiB for its weights in bfloat16, more than 90% of the GPU's 79.0 GiB free: in-process a target "
+        'runs on one GPU; use backend = "server" with server.tensor_parallel to spread it over GPUs, or a smaller target')
+    model = tiny_llama()
+    model.save_pretrained(tmp_path / "m")
+    assert parameter_count(str(tmp_path / "m")) == sum(p.numel() for p in model.state_dict().values())

@@ -23,7 +23,7 @@ from specbench.backends.base import AfterPrompt, Observer, OnRequest
 from specbench.core.trace import Trace
 from specbench.core.errors import one_line
 from specbench.heads.reference import head_folder_reference
-from specbench.models.load import LoadedModel, check_same_vocabulary, load_model
+from specbench.models.load import LoadedModel, check_same_vocabulary, load_model, parameter_count
 from specbench.models.registry import ModelError
 from specbench.models.eagle3 import HeadError, load_head_model
 from specbench.profile import Profile, ProfileError
@@ -67,6 +67,8 @@ def load_models(profile: Profile, *, observer: Observer) -> LoadedModels:
     device = devices.resolve_device(profile.device)
     dtype = devices.resolve_dtype(profile.dtype, device)
     heads = _head_references(profile, observer=observer)
+    if device.type == "cuda":
+        check_fits_gpu(profile, device, dtype)
     observer.message(f"loading target {profile.target.model}")
     target = load_model(profile.target.model, device=device, dtype=dtype, quantize=profile.target.quantize)
     workload = build_workload(profile.workload, target.tokenizer, seed=profile.run.seed,
@@ -76,6 +78,27 @@ def load_models(profile: Profile, *, observer: Observer) -> LoadedModels:
                           workload=workload)
     eos = () if workload.ignore_eos else _eos_ids(target)
     return LoadedModels(profile, device, dtype, target, drafts, workload, eos)
+
+
+def check_fits_gpu(profile: Profile, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse, before loading, a target whose weights alone take more than 90 % of the GPU's free memory: in-process
+    it runs on one GPU (spreading it over several is the engines' tensor parallelism: the server backend)."""
+    params = parameter_count(profile.target.model)
+    if params is None:
+        return
+    free, _ = torch.cuda.mem_get_info(device)
+    if problem := gpu_fit_problem(params * torch.empty((), dtype=dtype).element_size(), free, dtype=str(dtype)):
+        where = f"{profile.source}: " if profile.source else ""
+        raise ProfileError(f"{where}target.model: {profile.target.model} {problem}")
+
+
+def gpu_fit_problem(weight_bytes: int, free_bytes: int, *, dtype: str, share: float = 0.9) -> str | None:
+    """Why weights of `weight_bytes` do not fit one GPU with `free_bytes` free (None when they do)."""
+    if weight_bytes <= share * free_bytes:
+        return None
+    return (f"needs {weight_bytes / 2**30:.1f} GiB for its weights in {dtype.removeprefix('torch.')}, more than "
+            f"{share:.0%} of the GPU's {free_bytes / 2**30:.1f} GiB free: in-process a target runs on one GPU; use "
+            f'backend = "server" with server.tensor_parallel to spread it over GPUs, or a smaller target')
 
 
 def context_window(config: Any) -> int | None:

@@ -90,6 +90,36 @@ def _local_folder(source: ModelSource, *, progress: Progress) -> Path:
     return Path(source.location)
 
 
+def parameter_count(ref: str) -> int | None:
+    """How many parameters a model's safetensors hold, from their headers (nothing is loaded): a local folder's
+    files, or a hub model's metadata; None where that cannot be told (a GGUF, .bin weights, offline)."""
+    import json
+    import struct
+
+    source = resolve_model(ref)
+    if source.kind == "folder":
+        total, files = 0, sorted(Path(source.location).glob("*.safetensors"))
+        for path in files:
+            with path.open("rb") as f:
+                header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+            for name, tensor in header.items():
+                if name != "__metadata__":
+                    count = 1
+                    for size in tensor["shape"]:
+                        count *= size
+                    total += count
+        return total or None
+    if source.kind == "hub":
+        try:
+            from huggingface_hub import get_safetensors_metadata
+
+            counts = get_safetensors_metadata(source.location, revision=source.revision).parameter_count
+            return sum(counts.values()) or None
+        except Exception:  # noqa: BLE001 - offline, no safetensors: unknown
+            return None
+    return None
+
+
 # --- Identity: stable hashes of what was loaded ---------------------------------------------------
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
