@@ -192,7 +192,8 @@ def installed_version(python: str, engine: ServingEngine, where: str) -> str:
         raise ProfileError(f"{where}server.binary: cannot run {python}: {error}") from None
     if out.returncode != 0:
         raise ProfileError(f"{where}server.binary: {python} has no {engine.module} module; point it at the Python "
-                           f"of the environment that has {engine.name} (`make engines` makes one for vLLM)")
+                           f"of the environment that has {engine.name} (`make engine-{engine.name}` makes one in "
+                           f".engines/{engine.name}/{'; on a machine with an NVIDIA GPU' if engine.name == 'sglang' else ''})")
     return out.stdout.strip() or "unknown"
 
 
