@@ -242,6 +242,10 @@ _POINT_COLUMNS = [
     "max_gamma_predicted_speedup",
     # added with static caches: "static" (compiled steps) or "dynamic", and why dynamic (native backend)
     "kv_cache", "kv_cache_reason",
+    # added with the server's /metrics sampled during a point: what the engine held (KV-cache usage 0-1, requests
+    # running and waiting, preemptions over the point) and how many samples say so
+    "kv_cache_usage_peak", "kv_cache_usage_mean", "requests_running_peak", "requests_waiting_peak", "preemptions",
+    "metrics_samples",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -255,7 +259,10 @@ _POINT_DTYPES = {
     "repeat_spread": "float64", "tpot_spread": "float64", "engine_drafts": "float64", "engine_draft_tokens": "float64",
     "engine_accepted_tokens": "float64", "slo": "string", "request_throughput": "float64", "goodput": "float64",
     "slo_met_fraction": "float64", "gamma_schedule": "string", "usd_per_mtok": "float64",
-    "failed_requests": "Int64", "request_errors": "string", "kv_cache": "string", "kv_cache_reason": "string", **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
+    "failed_requests": "Int64", "request_errors": "string", "kv_cache": "string", "kv_cache_reason": "string",
+    "kv_cache_usage_peak": "float64", "kv_cache_usage_mean": "float64", "requests_running_peak": "Int64",
+    "requests_waiting_peak": "Int64", "preemptions": "Int64", "metrics_samples": "Int64",
+    **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }
 

@@ -29,6 +29,10 @@ TABLE_COLUMNS = (
     "speedup_ci_high", "tokens_per_s", "acceptance_rate", "mean_accepted_length", "tpot_ms_p50", "tpot_ms_p90",
     "ttft_ms_p50", "peak_memory_mb", "status", "best", "error",
 )
+# what a serving engine held over the point (its /metrics, sampled), after peak memory: in the table, and shown,
+# only where some point has it
+ENGINE_COLUMNS = {"kv_cache_usage_peak": ("KV peak", ".0%"), "requests_waiting_peak": ("waiting peak", ".0f"),
+                  "preemptions": ("preempted", ".0f")}
 _BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 DISPLAY_COLUMNS = ("point", "speedup", "95% CI", "tok/s", "accept", "MAL", "TPOT p50 ms", "TPOT p90 ms",
                    "TTFT p50 ms", "peak MB", "status")
@@ -148,11 +152,13 @@ def points_table(points: pd.DataFrame, *, run: str, sort: str = "speedup", top: 
               for _, group in labelled.groupby(["temperature", "top_p"], sort=True)]
     if not groups:
         return pd.DataFrame(columns=TABLE_COLUMNS)
-    return pd.concat(groups)[list(TABLE_COLUMNS)].reset_index(drop=True)
+    engine = [name for name in ENGINE_COLUMNS if name in points and points[name].notna().any()]
+    return pd.concat(groups)[[*TABLE_COLUMNS, *engine]].reset_index(drop=True)
 
 
 def display_points(table: pd.DataFrame) -> pd.DataFrame:
-    """DISPLAY_COLUMNS as strings, one row per table row."""
+    """DISPLAY_COLUMNS as strings, one row per table row; after peak MB, the ENGINE_COLUMNS the table has."""
+    engine = [name for name in ENGINE_COLUMNS if name in table]
     rows = [(
         row["point_id"],
         fmt(row["speedup"], ".2f", "x"),
@@ -164,9 +170,11 @@ def display_points(table: pd.DataFrame) -> pd.DataFrame:
         fmt(row["tpot_ms_p90"], ".1f"),
         fmt(row["ttft_ms_p50"], ".1f"),
         fmt(row["peak_memory_mb"], ".0f"),
+        *(fmt(row[name], ENGINE_COLUMNS[name][1]) for name in engine),
         row["status"],
     ) for row in table.to_dict("records")]
-    return pd.DataFrame(rows, columns=DISPLAY_COLUMNS)
+    return pd.DataFrame(rows, columns=[*DISPLAY_COLUMNS[:-1], *(ENGINE_COLUMNS[name][0] for name in engine),
+                                       DISPLAY_COLUMNS[-1]])
 
 
 def _missing(value: object) -> bool:

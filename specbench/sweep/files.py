@@ -31,10 +31,12 @@ from specbench.workloads.prompts import workload_fingerprint
 from specbench.core.errors import OneLineError
 
 # a point's constant columns: what ran it, how quiet the machine was meanwhile, and what a serving engine
-# counted over the point (acceptance, peak memory)
+# counted over the point (acceptance, peak memory, what it held: KV cache, queue, preemptions)
 CONTEXT_COLUMNS = ("backend", "target_model", "weight_mb", "point_key", "other_cpu_share", "gpu_other_processes",
                    "acceptance_source", "engine_drafts", "engine_draft_tokens", "engine_accepted_tokens",
-                   "engine_accepted_per_position", "server_peak_rss_mb", "kv_cache", "kv_cache_reason")
+                   "engine_accepted_per_position", "server_peak_rss_mb", "kv_cache", "kv_cache_reason",
+                   "kv_cache_usage_peak", "kv_cache_usage_mean", "requests_running_peak", "requests_waiting_peak",
+                   "preemptions", "metrics_samples")
 
 
 class ResumeError(OneLineError, ValueError):

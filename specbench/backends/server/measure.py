@@ -1,6 +1,6 @@
 """One point on a server: warm-up requests (prompts that are not measured), the engine's counters before, every
-prompt x repeat at the point's concurrency (or at its arrival times), the counters after; one request row per
-request, with what was seen on the wire — or, for a request that failed, why."""
+prompt x repeat at the point's concurrency (or at its arrival times) while a sampler reads what the engine holds, the
+counters after; one request row per request, with what was seen on the wire — or, for a request that failed, why."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import hashlib
 import random
 import statistics
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from specbench.backends.base import AfterPrompt, OnRequest
 from specbench.backends.server import client
-from specbench.backends.server.metrics import SpecCounters, spec_counters
+from specbench.backends.server.metrics import LoadSummary, SpecCounters, spec_counters, summarize_load
 from specbench.backends.server.process import peak_rss_mb, reset_peak_rss
+from specbench.backends.server.sampler import MetricsSampler
 from specbench.core.results import PointSpec, prompt_columns
 
 if TYPE_CHECKING:
@@ -86,25 +88,28 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
                                 seed=seed))
         on_request()
 
-    if spec.open_loop:
-        arrivals = client.arrival_times(len(requests), request_rate=spec.request_rate,
-                                        burstiness=session.profile.load.burstiness, seed=run.seed)
-        for response in client.run_open_loop(url, requests, arrivals, **call):
-            record(response)
-    else:
-        # one request at a time: prompt by prompt, so a tune can prune after each; else all at the level's concurrency
-        batches = ([[r for r, p in zip(requests, plan) if p[0] == i] for i in range(len(session.prompts))]
-                   if concurrency == 1 else [requests])
-        for batch in batches:
-            for response in client.run(url, batch, concurrency=concurrency, **call):
+    # what the engine holds (KV cache, queue, preemptions) sampled from its /metrics while the requests run
+    with MetricsSampler(url, prefix=prefix, api_key=session.api_key) as sampler:
+        if spec.open_loop:
+            arrivals = client.arrival_times(len(requests), request_rate=spec.request_rate,
+                                            burstiness=session.profile.load.burstiness, seed=run.seed)
+            for response in client.run_open_loop(url, requests, arrivals, **call):
                 record(response)
-            if after_prompt is not None and concurrency == 1:
-                after_prompt(rows)
+        else:
+            # one request at a time: prompt by prompt, so a tune can prune after each; else all at the level's
+            # concurrency
+            batches = ([[r for r, p in zip(requests, plan) if p[0] == i] for i in range(len(session.prompts))]
+                       if concurrency == 1 else [requests])
+            for batch in batches:
+                for response in client.run(url, batch, concurrency=concurrency, **call):
+                    record(response)
+                if after_prompt is not None and concurrency == 1:
+                    after_prompt(rows)
     engine_gone(limits, waited_s=1.0 if any(row["error"] for row in rows) else 0.0)
     check_failures(rows)
     after = counters(url, prefix, session.api_key)
     return rows, point_measurements(before, after, rows, peak_mb=peak_rss_mb(pids) if pids else None,
-                                    speculates=spec.method != "baseline")
+                                    speculates=spec.method != "baseline", load=sampler.summary())
 
 
 def engine_gone(limits: client.Limits, *, waited_s: float) -> None:
@@ -141,14 +146,17 @@ def counters(url: str, prefix: str | None, api_key: str | None) -> SpecCounters 
 
 
 def point_measurements(before: SpecCounters | None, after: SpecCounters | None, rows: list[dict[str, Any]], *,
-                       peak_mb: float | None, speculates: bool = True) -> dict[str, Any]:
+                       peak_mb: float | None, speculates: bool = True, load: LoadSummary | None = None
+                       ) -> dict[str, Any]:
     """The engine's acceptance over the point, and where it came from: its /metrics counters, else the sum
     of per-response counts (llama.cpp timings; a response that drafted nothing omits them: 0), else nothing —
     never a guess. A speculating launch whose counters did not move drafted nothing (a gamma schedule's 0 at this
-    batch size): zeros, from the counters."""
+    batch size): zeros, from the counters. With `load` (the sampler's), what the engine held over the point:
+    KV-cache usage (peak, mean), requests running and waiting (peaks), preemptions, and how many samples say so."""
     measured: dict[str, Any] = {"server_peak_rss_mb": peak_mb, "acceptance_source": None, "engine_drafts": None,
                                 "engine_draft_tokens": None, "engine_accepted_tokens": None,
-                                "engine_accepted_per_position": None}
+                                "engine_accepted_per_position": None,
+                                **asdict(load if load is not None else summarize_load([]))}
     answered = [row for row in rows if row.get("error") is None]
     if before is not None and after is not None and (speculates or after.minus(before).draft_tokens > 0):
         diff = after.minus(before)

@@ -1,7 +1,10 @@
-"""Acceptance as the engine counts it: its Prometheus /metrics text read before and after a point, parsed
-with prometheus_client's parser, and differenced. vLLM (`vllm:spec_decode_*`) and llama.cpp
-(`llamacpp:spec_decode_*`) expose counters of the same shape, with or without the `_total` suffix:
-num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos{position}."""
+"""What an engine's Prometheus /metrics text says, parsed with prometheus_client's parser.
+
+- Acceptance as the engine counts it, read before and after a point and differenced. vLLM (`vllm:spec_decode_*`)
+  and llama.cpp (`llamacpp:spec_decode_*`) expose counters of the same shape, with or without the `_total` suffix:
+  num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos{position}.
+- What it holds (`engine_load`): KV-cache usage, requests running and waiting, preemptions, by each engine's names
+  (`LOAD_NAMES`), sampled during a point (`sampler.py`) and summarised over it (`summarize_load`)."""
 
 from __future__ import annotations
 
@@ -49,3 +52,97 @@ def spec_counters(text: str, *, prefix: str) -> SpecCounters | None:
     positions = tuple(per_position.get(i, 0.0) for i in range(max(per_position) + 1)) if per_position else ()
     return SpecCounters(totals.get("num_drafts", 0.0), totals.get("num_draft_tokens", 0.0),
                         totals.get("num_accepted_tokens", 0.0), positions)
+
+
+# --- what the engine holds: KV cache, requests running and waiting, preemptions ---------------------------------
+
+
+@dataclass(frozen=True)
+class LoadNames:
+    """The engine's metric names (without its prefix or a `_total` suffix) for what it holds; the first of each
+    tuple that is present is read."""
+
+    kv_cache_usage: tuple[str, ...]  # a gauge, 0-1
+    requests_running: tuple[str, ...]  # a gauge
+    requests_waiting: tuple[str, ...]  # a gauge
+    preemptions: tuple[str, ...]  # a cumulative counter; () where the engine has none
+
+
+LOAD_NAMES = {
+    # vLLM 0.32 (read in its source, v1/metrics/loggers.py, and on a real vLLM CPU /metrics): kv_cache_usage_perc is
+    # 0-1 despite its name; gpu_cache_usage_perc is its name before v1
+    "vllm:": LoadNames(("kv_cache_usage_perc", "gpu_cache_usage_perc"), ("num_requests_running",),
+                       ("num_requests_waiting",), ("num_preemptions",)),
+    # llama.cpp (a real llama-server, build 11434): requests in slots, and requests deferred until a slot frees;
+    # kv_cache_usage_ratio only in builds before mid-2025 (none since), and no preemption counter
+    "llamacpp:": LoadNames(("kv_cache_usage_ratio",), ("requests_processing",), ("requests_deferred",), ()),
+    # SGLang, taken from its documentation (docs/references/production_metrics.md; not installed here): token_usage
+    # is a gauge of the share of its KV token pool in use, sampled like the others — SGLang keeps no peak itself;
+    # num_retracted_requests_total (its preemptions: retractions) is not on that page: read only where present
+    "sglang:": LoadNames(("token_usage",), ("num_running_reqs",), ("num_queue_reqs",), ("num_retracted_requests",)),
+}
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """One /metrics sample of what the engine holds; None where it exposes no such figure."""
+
+    kv_cache_usage: float | None  # the fullest KV cache (of several engines: data parallel), 0-1
+    requests_running: float | None  # summed over label sets (engines)
+    requests_waiting: float | None
+    preemptions: float | None  # cumulative
+
+
+def engine_load(text: str, *, prefix: str) -> EngineLoad | None:
+    """What the engine holds now, from its /metrics text; None for an engine whose names are not known."""
+    names = LOAD_NAMES.get(prefix)
+    if names is None:
+        return None
+    values: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(prefix):
+                values.setdefault(sample.name.removeprefix(prefix).removesuffix("_total"), []).append(sample.value)
+
+    def first(candidates: tuple[str, ...]) -> list[float] | None:
+        return next((values[name] for name in candidates if name in values), None)
+
+    kv, running, waiting, preempted = (first(names.kv_cache_usage), first(names.requests_running),
+                                       first(names.requests_waiting), first(names.preemptions))
+    return EngineLoad(max(kv) if kv else None, sum(running) if running else None, sum(waiting) if waiting else None,
+                      sum(preempted) if preempted else None)
+
+
+@dataclass(frozen=True)
+class LoadSummary:
+    """What the engine held over a point, from its samples: None where it exposes no such figure or no sample was
+    taken while the requests ran (a point shorter than the sampling interval), never a guess."""
+
+    kv_cache_usage_peak: float | None
+    kv_cache_usage_mean: float | None
+    requests_running_peak: int | None
+    requests_waiting_peak: int | None
+    preemptions: int | None  # the counter's rise over the point
+    metrics_samples: int  # samples taken while the requests ran
+
+
+def summarize_load(during: list[EngineLoad], *, before: EngineLoad | None = None,
+                   after: EngineLoad | None = None) -> LoadSummary:
+    """Peaks and the mean over the samples taken while the requests ran (at a fixed interval: the mean over time);
+    the preemption counter's rise from the first sample to the last, `before` (taken before the first request) and
+    `after` (after the last response) included — they bound the point but, taken with nothing in flight, say nothing
+    of its load."""
+
+    def present(field: str) -> list[float]:
+        return [getattr(s, field) for s in during if getattr(s, field) is not None]
+
+    kv, running, waiting = present("kv_cache_usage"), present("requests_running"), present("requests_waiting")
+    counted = [s.preemptions for s in (before, *during, after) if s is not None]
+    return LoadSummary(
+        kv_cache_usage_peak=max(kv) if kv else None,
+        kv_cache_usage_mean=sum(kv) / len(kv) if kv else None,
+        requests_running_peak=int(max(running)) if running else None,
+        requests_waiting_peak=int(max(waiting)) if waiting else None,
+        preemptions=int(counted[-1] - counted[0]) if counted and None not in (counted[0], counted[-1]) else None,
+        metrics_samples=len(during),
+    )
