@@ -43,7 +43,8 @@ class Limits:
     deadline: float | None = None  # time.monotonic() by which the point must be done
     point_timeout_s: float | None = None  # the setting behind the deadline, for the message
     exited: Callable[[], str | None] | None = None  # why the engine is gone, or None while it runs
-    hung: Callable[[float], Awaitable[str | None]] | None = None  # after `s` silent seconds: why it is hung, or None
+    # every `stall_s` of silence: why it is hung after `s` silent seconds (the whole silence), or None while working
+    hung: Callable[[float], Awaitable[str | None]] | None = None
     fail_share: float = 0.5  # more than this share of the requests failed: the point fails
     stall_s: float = STALL_S
 
@@ -54,7 +55,7 @@ class _State:
     def __init__(self, total: int):
         self.total, self.in_flight, self.finished = total, 0, 0
         self.errors: list[str] = []
-        self.last_byte = time.monotonic()
+        self.last_byte = self.last_asked = time.monotonic()  # the last byte; when `Limits.hung` last said "working"
 
     def touch(self) -> None:
         self.last_byte = time.monotonic()
@@ -107,12 +108,13 @@ async def _supervise(work: asyncio.Future, state: _State, limits: Limits) -> Poi
             return PointAborted(f"the point's deadline of {limits.point_timeout_s:g} s passed (server.point_timeout_s) "
                                 f"with {state.total - state.finished} of {state.total} requests unfinished",
                                 engine_unusable=True)
-        silent_s = now - state.last_byte
-        if state.in_flight and limits.hung is not None and silent_s > limits.stall_s:
+        silent_s = now - state.last_byte  # the whole silence, also across answers that it is working
+        asked_s = now - max(state.last_byte, state.last_asked)
+        if state.in_flight and limits.hung is not None and asked_s > limits.stall_s:
             reason = await limits.hung(silent_s)
             if reason is not None:
                 return PointAborted(f"{reason}, with {state.in_flight} requests in flight", engine_unusable=True)
-            state.touch()  # working (a long prefill): ask again after another silent stretch
+            state.last_asked = time.monotonic()  # working (a long prefill): ask again after another silent stretch
 
 
 async def run_load(url: str, requests: list[Request], *, model: str, concurrency: int | None = None,

@@ -4,7 +4,9 @@
   and llama.cpp (`llamacpp:spec_decode_*`) expose counters of the same shape, with or without the `_total` suffix:
   num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos{position}.
 - What it holds (`engine_load`): KV-cache usage, requests running and waiting, preemptions, by each engine's names
-  (`LOAD_NAMES`), sampled during a point (`sampler.py`) and summarised over it (`summarize_load`)."""
+  (`LOAD_NAMES`), sampled during a point (`sampler.py`) and summarised over it (`summarize_load`).
+- Signs of work (`work_samples`): whether anything the engine counts moved, for telling a hung engine from a slow
+  one (`watch.py`)."""
 
 from __future__ import annotations
 
@@ -146,3 +148,22 @@ def summarize_load(during: list[EngineLoad], *, before: EngineLoad | None = None
         preemptions=int(counted[-1] - counted[0]) if counted and None not in (counted[0], counted[-1]) else None,
         metrics_samples=len(during),
     )
+
+
+# --- signs of work, for telling a hung engine from a slow one ---------------------------------------------------
+
+# The Prometheus client's own collectors (process_*, python_*) and HTTP instrumentation (http_*): a spinning thread
+# and specbench's own /health and /metrics requests move them, so they are no sign of work.
+NOT_WORK = ("process_", "python_", "http_")
+
+
+def work_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample the engine itself keeps (name and labels -> value): all but NOT_WORK's. Each is moved by its
+    scheduler or its output loop as work happens — tokens prefilled and generated, requests admitted and finished,
+    KV blocks allocated step by step during a long chunked prefill, drafts verified, llama.cpp's decode calls — and
+    none moves while that loop is stuck: on vLLM and llama.cpp, two /metrics texts of an idle engine 5 s apart
+    differ only in process_* samples. Every sample, not a list of names: a renamed counter must not make a working
+    engine look hung (not seeing a hang costs a request timeout; killing a working engine costs the point)."""
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples
+            if not sample.name.startswith(NOT_WORK)}
