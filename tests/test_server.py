@@ -94,6 +94,10 @@ def test_greedy_outputs_at_concurrency_1_equal_the_baseline_and_every_level_has_
         assert row["status"] == "ok", (point_id, row["error"])
         assert row["speedup_ci_low"] <= row["speedup"] <= row["speedup_ci_high"]
         assert row["peak_memory_mb"] > 50  # the server's resident memory, not this process's
+        # what llama-server held, sampled from its /metrics: requests in its slots; it exposes no KV-cache usage
+        # (none since mid-2025) and no preemption counter: None, not a guess
+        assert row["requests_running_peak"] >= 1 and row["requests_waiting_peak"] >= 0, point_id
+        assert pd.isna(row["kv_cache_usage_peak"]) and pd.isna(row["preemptions"]) and row["metrics_samples"] >= 1
 
 
 def test_each_launch_happens_once_with_its_argv_and_log_and_no_server_is_left(sweep):
@@ -190,6 +194,9 @@ def test_attached_to_a_running_server_only_per_request_axes_are_swept_and_it_is_
         assert sorted(points["point_id"]) == ["baseline-t0-p1", "baseline-t0-p1-c2", "baseline-t0.8-p1",
                                               "baseline-t0.8-p1-c2"]
         assert (points["status"] == "ok").all()
+        # sampled attached too (points of 8 tokens may end before the first sample: 0 samples, no figures)
+        sampled = points[points["metrics_samples"] >= 1]
+        assert points["metrics_samples"].notna().all() and (sampled["requests_running_peak"] >= 1).all()
         manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
         assert manifest["server"]["launches"] == []
         assert manifest["server"]["attached"] == f"http://127.0.0.1:{port}"
