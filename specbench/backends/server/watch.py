@@ -17,7 +17,8 @@ is only slow. Every wait has a deadline; the error says what was waited for and 
     shows either sign of work is asked again after another silent stretch; with neither signal to read (an attached
     engine without /metrics) only the rules above apply. A long prefill on a CPU shows one or the other — vLLM
     allocates KV blocks for each chunk of it, llama.cpp logs each prompt batch (2048 tokens of a 1.5B model: ~10-20 s
-    on two cores) — so only one whose single step outlasts the window is taken for hung.
+    on two cores); a /metrics that does not answer at all while the engine uses CPU is a main loop busy in one long
+    step (llama-server serves it from that loop), not a hang.
   The point then fails at once and the engine is killed."""
 
 from __future__ import annotations
@@ -133,6 +134,8 @@ def hang_reason(*, silent_s: float, stopped: bool = False, cpu_used: bool | None
         return f"{waited}{idle} and its /health did not answer within {HEALTH_TIMEOUT_S:g} s: the engine is hung"
     if progress is None or progress.moved or not progress.watched:
         return None  # computing (a long prefill, a deep queue), or nothing to tell it by: ask again later
+    if progress.metrics == UNANSWERED and cpu_used:
+        return None  # llama-server answers /metrics from its main loop: one long step blocks it while it computes
     still = [text for text, shown in (("its /metrics did not change", progress.metrics == "unchanged"),
                                       (f"its /metrics did not answer within {METRICS_TIMEOUT_S:g} s",
                                        progress.metrics == UNANSWERED),
