@@ -84,9 +84,9 @@ def save_bin(head: Eagle3Head, folder: Path) -> Path:
 def save_speculators(head: Eagle3Head, folder: Path, *, weights: str = "safetensors",
                      norm_before_residual: bool | None = None) -> Path:
     """The head as the speculators library saves an Eagle3Speculator: the layer's Llama config nested (as
-    to_diff_dict writes it: keys at their LlamaConfig default left out), the EAGLE-3 keys at the top (
-    norm_before_residual left out where None), the proposal and the verifier in speculators_config, the layer's
-    tensors named layers.0. rather than midlayer."""
+    to_diff_dict writes it: keys at their LlamaConfig default left out; rope_theta, as published heads have it), the
+    EAGLE-3 keys at the top (norm_before_residual left out where None), the proposal and the verifier in
+    speculators_config, the layer's tensors named layers.0. rather than midlayer."""
     from safetensors.torch import save_file
     from transformers import LlamaConfig
 
@@ -94,6 +94,10 @@ def save_speculators(head: Eagle3Head, folder: Path, *, weights: str = "safetens
     own = config_json(head.config)
     layer = {key: value for key, value in own.items() if key not in EAGLE3_KEYS and key != "dtype"}
     layer = LlamaConfig(**{**layer, "architectures": ["LlamaForCausalLM"]}).to_diff_dict()
+    rope = layer.pop("rope_parameters", None) or {}  # as transformers 4 wrote it, as published heads have it
+    layer.update({"rope_theta": rope["rope_theta"]} if "rope_theta" in rope else {})
+    if rope.get("rope_type", "default") != "default":
+        layer["rope_scaling"] = {key: value for key, value in rope.items() if key != "rope_theta"}
     config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.3.0",
               "draft_vocab_size": own["draft_vocab_size"], "target_hidden_size": None,
               "eagle_aux_hidden_state_layer_ids": own["eagle_aux_hidden_state_layer_ids"],
