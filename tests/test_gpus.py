@@ -277,3 +277,24 @@ def test_an_in_process_target_too_large_for_one_gpu_is_refused_before_loading(tm
     model = tiny_llama()
     model.save_pretrained(tmp_path / "m")
     assert parameter_count(str(tmp_path / "m")) == sum(p.numel() for p in model.state_dict().values())
+
+
+def test_a_points_gpu_window_gives_its_peak_memory_and_energy_per_output_token():
+    import pandas as pd
+
+    from specbench.core import summary
+    from test_analytic import BASELINE, NGRAM, rows, trace
+
+    point = rows(NGRAM, [trace([(4, 4)] * 5, draft_ms=1.0, verify_ms=12.0, ttft_ms=50.0)] * 2)
+    baseline = rows(BASELINE, [trace([(0, 0)] * 24, draft_ms=0.0, verify_ms=10.0, ttft_ms=40.0, gamma=1)] * 2)
+    window = gpus.GpuWindow(1, 20480.0, "processes", 87.5, 120.0, 3.0, 13, 0).as_columns()
+    context = {BASELINE.point_id: {}, NGRAM.point_id: {**window, "gpu_peak_reserved_mb": 18000.0,
+                                                       "other_traffic_tokens": 0.0}}
+    points = summary.summarize([BASELINE, NGRAM], pd.concat([baseline, point]), failures={},
+                               context=context).set_index("point_id")
+    ngram = points.loc[NGRAM.point_id]
+    assert ngram["peak_memory_mb"] == 20480.0  # NVML's view of the processes, static caches and graph pools included
+    assert ngram["energy_per_output_token_j"] == pytest.approx(120.0 / ngram["output_tokens"])
+    assert (ngram["gpu_utilization_pct"], ngram["gpu_samples"], ngram["gpu_memory_source"]) == (87.5, 13, "processes")
+    assert not ngram["unstable"]
+    assert pd.isna(points.loc[BASELINE.point_id, "energy_per_output_token_j"])  # no GPU watched: nothing invented

@@ -48,11 +48,12 @@ sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 2826.0
 
 
 def test_what_each_engine_holds_is_read_by_its_own_names_and_none_where_it_has_no_such_figure():
-    assert engine_load(VLLM_BUSY, prefix="vllm:") == EngineLoad(0.02209944751381221, 4.0, 2.0, 0.0)
-    assert engine_load(VLLM_IDLE, prefix="vllm:") == EngineLoad(0.0, 0.0, 0.0, 0.0)
-    # llama.cpp: slots processing and requests deferred; no KV-cache usage in this build, no preemption counter
-    assert engine_load(LLAMA_BUSY, prefix="llamacpp:") == EngineLoad(None, 2.0, 1.0, None)
-    assert engine_load(LLAMA_IDLE, prefix="llamacpp:") == EngineLoad(None, 0.0, 0.0, None)
+    assert engine_load(VLLM_BUSY, prefix="vllm:") == EngineLoad(0.02209944751381221, 4.0, 2.0, 0.0, 117.0)
+    assert engine_load(VLLM_IDLE, prefix="vllm:") == EngineLoad(0.0, 0.0, 0.0, 0.0, 0.0)
+    # llama.cpp: slots processing and requests deferred; no KV-cache usage in this build, no preemption counter;
+    # its output tokens counted as requests finish
+    assert engine_load(LLAMA_BUSY, prefix="llamacpp:") == EngineLoad(None, 2.0, 1.0, None, 0.0)
+    assert engine_load(LLAMA_IDLE, prefix="llamacpp:") == EngineLoad(None, 0.0, 0.0, None, 0.0)
     assert engine_load(SGLANG_DOCS, prefix="sglang:") == EngineLoad(0.28, 162.0, 2826.0, None)
     older = ("# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name=\"m\"} 0.5\n"
              "# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{model_name=\"m\"} 3\n")
@@ -269,3 +270,39 @@ def test_the_report_shows_what_the_engine_held_after_peak_memory_only_where_a_po
     llama = tables.display_points(tables.points_table(frame(requests_waiting_peak=[0, 1]), run="r"))
     assert list(llama.columns)[9:] == ["peak MB", "waiting peak", "status"]  # no KV usage, no preemption counter
     assert list(tables.display_points(tables.points_table(frame(), run="r")).columns) == list(tables.DISPLAY_COLUMNS)
+
+
+def test_an_attached_server_that_generated_more_than_specbench_asked_carried_other_traffic():
+    from specbench.backends.server.measure import point_measurements
+
+    rows = [{"error": None, "output_tokens": 100, "drafted_tokens": None, "accepted_tokens": None}] * 4
+    load = summarize_load([], before=EngineLoad(0.0, 0.0, 0.0, 0.0, 1000.0), after=EngineLoad(0.0, 0.0, 0.0, 0.0, 1900.0))
+    assert load.engine_generated_tokens == 900.0
+    busy = point_measurements(None, None, rows, peak_mb=None, speculates=False, load=load, attached=True)
+    assert busy["other_traffic_tokens"] == 500.0  # 900 generated, 400 received
+    quiet = summarize_load([], before=EngineLoad(0.0, 0.0, 0.0, 0.0, 0.0), after=EngineLoad(0.0, 0.0, 0.0, 0.0, 404.0))
+    assert point_measurements(None, None, rows, peak_mb=None, speculates=False, load=quiet,
+                              attached=True)["other_traffic_tokens"] == 0.0  # within the engine's own counting
+    assert point_measurements(None, None, rows, peak_mb=None, speculates=False, load=load,
+                              attached=False)["other_traffic_tokens"] is None  # launched: nobody else sends to it
+
+
+def test_sglang_acceptance_comes_from_its_accepted_length_gauge_and_says_so():
+    import dataclasses
+
+    from specbench.backends.server.measure import point_measurements
+    from specbench.core.results import PointSpec
+    from specbench.core.summary import engine_acceptance
+
+    text = ('# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{model_name="m"} 2.5\n'
+            '# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="m"} 3\n')
+    sample = engine_load(text, prefix="sglang:")
+    assert sample.accept_length == 2.5
+    load = summarize_load([sample, dataclasses.replace(sample, accept_length=3.5)])
+    assert load.engine_accept_length_gauge == 3.0
+    rows = [{"error": None, "output_tokens": 50, "drafted_tokens": None, "accepted_tokens": None}]
+    measured = point_measurements(None, None, rows, peak_mb=None, speculates=True, load=load)
+    assert measured["acceptance_source"] == "gauge"
+    spec = PointSpec(point_id="eagle3-g3-t0-p1", method="eagle3", draft="eagle3", gamma=3, temperature=0.0, top_p=1.0)
+    assert engine_acceptance(measured, spec, decode_tokens=49) == {"mean_accepted_length": 3.0,
+                                                                  "acceptance_rate": pytest.approx(2 / 3)}

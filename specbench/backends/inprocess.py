@@ -259,19 +259,16 @@ class InProcessSession:
         static caches, CUDA-graph pools, the CUDA context), utilisation and energy; and torch's peak reserved memory
         (its caching allocator, exact between samples)."""
         device = self.models.device
-        nvml = gpus.open_nvml() if device.type == "cuda" else None
         if device.type != "cuda":
             yield
             return
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        monitor = gpus.GpuMonitor(nvml, self.gpu_uuids(), self.own_pids) if nvml is not None and self._gpu_uuid \
-            else contextlib.nullcontext()
-        with monitor:
+        with gpus.watched(self.gpu_uuids(), self.own_pids) as monitor:
             yield
             torch.cuda.synchronize(device)
-        window = monitor.window.as_columns() if isinstance(monitor, gpus.GpuMonitor) else {}
-        self._measured = {**window, "gpu_peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
+        self._measured = {**gpus.window_columns(monitor),
+                          "gpu_peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
 
     def point_measurements(self) -> dict[str, Any]:
         """On a GPU, what the measured requests held and used there (request rows hold the rest)."""

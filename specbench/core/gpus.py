@@ -10,6 +10,7 @@ numbers them the same way."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -170,6 +171,22 @@ class GpuMonitor:
             self._thread.join()
         self._read()
         self.window = summarize(self.readings, own_pids=self._own)
+
+
+@contextlib.contextmanager
+def watched(uuids: Sequence[str], own_pids: Callable[[], Sequence[int]], *, nvml: "Nvml | None" = None):
+    """A GpuMonitor around the block where there are GPUs to watch and NVML answers; else None (nothing measured)."""
+    nvml = nvml if nvml is not None else (open_nvml() if uuids else None)
+    if not uuids or nvml is None:
+        yield None
+        return
+    with GpuMonitor(nvml, uuids, own_pids) as monitor:
+        yield monitor
+
+
+def window_columns(monitor: GpuMonitor | None) -> dict[str, Any]:
+    """A watched window's figures as point columns ({} where nothing was watched)."""
+    return monitor.window.as_columns() if monitor is not None and monitor.window is not None else {}
 
 
 # --- NVML ---------------------------------------------------------------------------------------------------------

@@ -246,6 +246,13 @@ _POINT_COLUMNS = [
     # running and waiting, preemptions over the point) and how many samples say so
     "kv_cache_usage_peak", "kv_cache_usage_mean", "requests_running_peak", "requests_waiting_peak", "preemptions",
     "metrics_samples",
+    # added with GPUs as resources: what the point's GPUs showed over its measured requests (NVML: the run's or the
+    # engine's processes' peak memory, utilisation, energy, the window), torch's peak reserved memory in-process, energy
+    # per output token; an attached server's output tokens beyond specbench's (other traffic); SGLang's accepted-length
+    # gauge
+    "gpu_count", "gpu_peak_memory_mb", "gpu_memory_source", "gpu_utilization_pct", "gpu_energy_j", "gpu_window_s",
+    "gpu_samples", "gpu_peak_reserved_mb", "energy_per_output_token_j", "engine_generated_tokens",
+    "other_traffic_tokens", "engine_accept_length_gauge",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -262,6 +269,9 @@ _POINT_DTYPES = {
     "failed_requests": "Int64", "request_errors": "string", "kv_cache": "string", "kv_cache_reason": "string",
     "kv_cache_usage_peak": "float64", "kv_cache_usage_mean": "float64", "requests_running_peak": "Int64",
     "requests_waiting_peak": "Int64", "preemptions": "Int64", "metrics_samples": "Int64",
+    "gpu_count": "Int64", "gpu_memory_source": "string", "gpu_utilization_pct": "float64", "gpu_energy_j": "float64",
+    "gpu_samples": "Int64", "energy_per_output_token_j": "float64", "engine_generated_tokens": "float64",
+    "other_traffic_tokens": "float64", "engine_accept_length_gauge": "float64",
     **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }

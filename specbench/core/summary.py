@@ -108,6 +108,14 @@ def _metrics(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec
     }
     if row.get("server_peak_rss_mb") is not None:
         metrics["peak_memory_mb"] = row["server_peak_rss_mb"]
+    # on a GPU, what a GPU user sizes by: NVML's view of the run's (or the engine's) processes, everything included
+    # (weights, KV and static caches, CUDA-graph pools, the context); else torch's peak reserved memory
+    gpu_peak = next((row[key] for key in ("gpu_peak_memory_mb", "gpu_peak_reserved_mb") if _cell(row.get(key))), None)
+    if gpu_peak is not None:
+        metrics["peak_memory_mb"] = gpu_peak
+    energy = _cell(row.get("gpu_energy_j"))
+    metrics["energy_per_output_token_j"] = energy / metrics["output_tokens"] \
+        if energy is not None and metrics["output_tokens"] else None
     metrics.update(engine_acceptance(row, spec, decode_tokens=int((point["output_tokens"] - 1).clip(lower=0).sum())))
     if spec.method == "baseline" and metrics["mean_accepted_length"] is None:
         metrics["mean_accepted_length"] = 1.0  # one token per target forward pass, by definition
@@ -191,6 +199,10 @@ def engine_acceptance(row: dict[str, Any], spec: PointSpec, *, decode_tokens: in
     source = row.get("acceptance_source")
     if source is None or spec.method == "baseline":
         return {}
+    if source == "gauge":  # SGLang: its accepted-length gauge (a recent running mean, bonus token included)
+        length = _cell(row.get("engine_accept_length_gauge"))
+        return {} if length is None else {"mean_accepted_length": length,
+                                          "acceptance_rate": (length - 1) / spec.gamma if spec.gamma else None}
     drafts, draft_tokens, accepted = row.get("engine_drafts"), row.get("engine_draft_tokens"), row.get("engine_accepted_tokens")
     out: dict[str, Any] = {"acceptance_rate": accepted / draft_tokens if draft_tokens else None}
     if accepted is not None and decode_tokens > accepted:
@@ -268,6 +280,9 @@ def _stability(row: dict[str, Any], baseline_context: dict[str, Any], baseline: 
         other_cpu_share=row.get("other_cpu_share"), gpu_other_processes=row.get("gpu_other_processes"),
         repeat_spread=row.get("repeat_spread"), tpot_spread=row.get("tpot_spread"))
     reasons = list(point_reasons)
+    if other := _cell(row.get("other_traffic_tokens")):
+        reasons.append(f"the attached server generated {other:.0f} output tokens beyond the {row['output_tokens']} "
+                       "specbench's requests received: other traffic shared it")
     achieved = row.get("achieved_request_rate")
     if spec.open_loop and achieved is not None and abs(achieved / spec.request_rate - 1) > RATE_TOLERANCE:
         reasons.append(f"the client sent {achieved:.3g} requests/s, not the {spec.request_rate:g} asked for: "

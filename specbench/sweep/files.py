@@ -31,12 +31,15 @@ from specbench.workloads.prompts import workload_fingerprint
 from specbench.core.errors import OneLineError
 
 # a point's constant columns: what ran it, how quiet the machine was meanwhile, and what a serving engine
-# counted over the point (acceptance, peak memory, what it held: KV cache, queue, preemptions)
+# counted over the point (acceptance, peak memory, what it held: KV cache, queue, preemptions), what the point's GPUs
+# showed (NVML) and, attached, the tokens other traffic took
 CONTEXT_COLUMNS = ("backend", "target_model", "weight_mb", "point_key", "other_cpu_share", "gpu_other_processes",
                    "acceptance_source", "engine_drafts", "engine_draft_tokens", "engine_accepted_tokens",
                    "engine_accepted_per_position", "server_peak_rss_mb", "kv_cache", "kv_cache_reason",
                    "kv_cache_usage_peak", "kv_cache_usage_mean", "requests_running_peak", "requests_waiting_peak",
-                   "preemptions", "metrics_samples")
+                   "preemptions", "metrics_samples", "gpu_count", "gpu_peak_memory_mb", "gpu_memory_source",
+                   "gpu_utilization_pct", "gpu_energy_j", "gpu_window_s", "gpu_samples", "gpu_peak_reserved_mb",
+                   "engine_generated_tokens", "other_traffic_tokens", "engine_accept_length_gauge")
 
 
 class ResumeError(OneLineError, ValueError):
@@ -72,7 +75,7 @@ class RunFiles:
             if not len(requests):
                 (self.out_dir / results.REQUESTS_FILE).unlink(missing_ok=True)
             _write(self.out_dir, planned + earlier, requests, {}, context, slo=ctx.profile.slo.limits(),
-                   usd_per_hour=ctx.profile.cost.usd_per_hour,
+                   usd_per_hour=ctx.profile.usd_per_replica_hour,
                    verify_ms_by_tokens=ctx.verify_ms_by_tokens())
             started = _previous_start(self.manifest_path, fresh)
             write_manifest(manifest(ctx, started=started), self.manifest_path)
@@ -109,7 +112,7 @@ class RunFiles:
             ordered = [s for s in order if s.point_id in {x.point_id for x in specs}]
             specs = ordered + [s for s in specs if s.point_id not in {x.point_id for x in ordered}]
             return _write(self.out_dir, specs, requests.reset_index(drop=True), failures, context,
-                          slo=ctx.profile.slo.limits(), usd_per_hour=ctx.profile.cost.usd_per_hour,
+                          slo=ctx.profile.slo.limits(), usd_per_hour=ctx.profile.usd_per_replica_hour,
                    verify_ms_by_tokens=ctx.verify_ms_by_tokens())
 
     def finish(self, points: pd.DataFrame, ctx: RunContext | None = None) -> Manifest:

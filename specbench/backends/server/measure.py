@@ -17,6 +17,7 @@ from specbench.backends.server import client
 from specbench.backends.server.metrics import LoadSummary, SpecCounters, spec_counters, summarize_load
 from specbench.backends.server.process import peak_rss_mb, reset_peak_rss
 from specbench.backends.server.sampler import MetricsSampler
+from specbench.core import gpus
 from specbench.core.results import PointSpec, prompt_columns
 
 if TYPE_CHECKING:
@@ -88,8 +89,10 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
                                 seed=seed))
         on_request()
 
-    # what the engine holds (KV cache, queue, preemptions) sampled from its /metrics while the requests run
-    with MetricsSampler(url, prefix=prefix, api_key=session.api_key) as sampler:
+    # what the engine holds (KV cache, queue, preemptions) sampled from its /metrics while the requests run, and on
+    # GPUs what its processes hold there, how busy the GPUs are and the energy they use (NVML)
+    with MetricsSampler(url, prefix=prefix, api_key=session.api_key) as sampler, \
+            gpus.watched(session.gpu_uuids(), session.server.engine_pids if session.server else list) as gpu:
         if spec.open_loop:
             arrivals = client.arrival_times(len(requests), request_rate=spec.request_rate,
                                             burstiness=session.profile.load.burstiness, seed=run.seed)
@@ -108,8 +111,10 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
     engine_gone(limits, waited_s=1.0 if any(row["error"] for row in rows) else 0.0)
     check_failures(rows)
     after = counters(url, prefix, session.api_key)
-    return rows, point_measurements(before, after, rows, peak_mb=peak_rss_mb(pids) if pids else None,
-                                    speculates=spec.method != "baseline", load=sampler.summary())
+    measured = point_measurements(before, after, rows, peak_mb=peak_rss_mb(pids) if pids else None,
+                                  speculates=spec.method != "baseline", load=sampler.summary(),
+                                  attached=session.attached)
+    return rows, {**measured, **gpus.window_columns(gpu)}
 
 
 def engine_gone(limits: client.Limits, *, waited_s: float) -> None:
@@ -146,13 +151,16 @@ def counters(url: str, prefix: str | None, api_key: str | None) -> SpecCounters 
 
 
 def point_measurements(before: SpecCounters | None, after: SpecCounters | None, rows: list[dict[str, Any]], *,
-                       peak_mb: float | None, speculates: bool = True, load: LoadSummary | None = None
-                       ) -> dict[str, Any]:
+                       peak_mb: float | None, speculates: bool = True, load: LoadSummary | None = None,
+                       attached: bool = False) -> dict[str, Any]:
     """The engine's acceptance over the point, and where it came from: its /metrics counters, else the sum
     of per-response counts (llama.cpp timings; a response that drafted nothing omits them: 0), else nothing —
     never a guess. A speculating launch whose counters did not move drafted nothing (a gamma schedule's 0 at this
     batch size): zeros, from the counters. With `load` (the sampler's), what the engine held over the point:
-    KV-cache usage (peak, mean), requests running and waiting (peaks), preemptions, and how many samples say so."""
+    KV-cache usage (peak, mean), requests running and waiting (peaks), preemptions, and how many samples say so; on an
+    `attached` server, the output tokens it generated beyond those specbench's requests received (other traffic
+    shares it). An engine with no spec-decode counters but an accepted-length gauge (SGLang): acceptance from the
+    gauge ("gauge": its recent running mean, not this point's own count)."""
     measured: dict[str, Any] = {"server_peak_rss_mb": peak_mb, "acceptance_source": None, "engine_drafts": None,
                                 "engine_draft_tokens": None, "engine_accepted_tokens": None,
                                 "engine_accepted_per_position": None,
@@ -167,7 +175,15 @@ def point_measurements(before: SpecCounters | None, after: SpecCounters | None, 
         measured.update(acceptance_source="responses",
                         engine_draft_tokens=float(sum(row["drafted_tokens"] or 0 for row in answered)),
                         engine_accepted_tokens=float(sum(row["accepted_tokens"] or 0 for row in answered)))
+    elif speculates and measured["engine_accept_length_gauge"] is not None:
+        measured["acceptance_source"] = "gauge"
+    generated, sent = measured["engine_generated_tokens"], sum(row["output_tokens"] or 0 for row in answered)
+    measured["other_traffic_tokens"] = (max(0.0, generated - sent) if generated - sent > OTHER_TRAFFIC_SLACK * sent + 8
+                                        else 0.0) if attached and generated is not None else None
     return measured
+
+
+OTHER_TRAFFIC_SLACK = 0.05  # an engine's own count may differ from what the responses carried by a few tokens
 
 
 def request_row(spec: PointSpec, response: client.Response, *, session: "ServerSession", point_key: str, prompt,

@@ -68,20 +68,25 @@ class LoadNames:
     requests_running: tuple[str, ...]  # a gauge
     requests_waiting: tuple[str, ...]  # a gauge
     preemptions: tuple[str, ...]  # a cumulative counter; () where the engine has none
+    generated_tokens: tuple[str, ...] = ()  # a cumulative counter of output tokens (what tells other traffic)
+    accept_length: tuple[str, ...] = ()  # a gauge of the mean accepted length, where there are no counters (SGLang)
 
 
 LOAD_NAMES = {
     # vLLM 0.32 (read in its source, v1/metrics/loggers.py, and on a real vLLM CPU /metrics): kv_cache_usage_perc is
     # 0-1 despite its name; gpu_cache_usage_perc is its name before v1
     "vllm:": LoadNames(("kv_cache_usage_perc", "gpu_cache_usage_perc"), ("num_requests_running",),
-                       ("num_requests_waiting",), ("num_preemptions",)),
+                       ("num_requests_waiting",), ("num_preemptions",), ("generation_tokens",)),
     # llama.cpp (a real llama-server, build 11434): requests in slots, and requests deferred until a slot frees;
     # kv_cache_usage_ratio only in builds before mid-2025 (none since), and no preemption counter
-    "llamacpp:": LoadNames(("kv_cache_usage_ratio",), ("requests_processing",), ("requests_deferred",), ()),
+    "llamacpp:": LoadNames(("kv_cache_usage_ratio",), ("requests_processing",), ("requests_deferred",), (),
+                           ("tokens_predicted",)),
     # SGLang, taken from its documentation (docs/references/production_metrics.md; not installed here): token_usage
     # is a gauge of the share of its KV token pool in use, sampled like the others — SGLang keeps no peak itself;
-    # num_retracted_requests_total (its preemptions: retractions) is not on that page: read only where present
-    "sglang:": LoadNames(("token_usage",), ("num_running_reqs",), ("num_queue_reqs",), ("num_retracted_requests",)),
+    # num_retracted_requests_total (its preemptions: retractions) is not on that page: read only where present;
+    # spec_accept_length is a gauge of its recent mean accepted length (it keeps no spec-decode counters)
+    "sglang:": LoadNames(("token_usage",), ("num_running_reqs",), ("num_queue_reqs",), ("num_retracted_requests",),
+                         ("generation_tokens",), ("spec_accept_length",)),
 }
 
 
@@ -93,6 +98,8 @@ class EngineLoad:
     requests_running: float | None  # summed over label sets (engines)
     requests_waiting: float | None
     preemptions: float | None  # cumulative
+    generated_tokens: float | None = None  # cumulative
+    accept_length: float | None = None  # a gauge (SGLang)
 
 
 def engine_load(text: str, *, prefix: str) -> EngineLoad | None:
@@ -111,8 +118,10 @@ def engine_load(text: str, *, prefix: str) -> EngineLoad | None:
 
     kv, running, waiting, preempted = (first(names.kv_cache_usage), first(names.requests_running),
                                        first(names.requests_waiting), first(names.preemptions))
+    generated, accept = first(names.generated_tokens), first(names.accept_length)
     return EngineLoad(max(kv) if kv else None, sum(running) if running else None, sum(waiting) if waiting else None,
-                      sum(preempted) if preempted else None)
+                      sum(preempted) if preempted else None, sum(generated) if generated else None,
+                      sum(accept) / len(accept) if accept else None)
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,8 @@ class LoadSummary:
     requests_waiting_peak: int | None
     preemptions: int | None  # the counter's rise over the point
     metrics_samples: int  # samples taken while the requests ran
+    engine_generated_tokens: float | None = None  # the output-token counter's rise, before to after
+    engine_accept_length_gauge: float | None = None  # the mean of an accepted-length gauge over the samples (SGLang)
 
 
 def summarize_load(during: list[EngineLoad], *, before: EngineLoad | None = None,
@@ -139,7 +150,11 @@ def summarize_load(during: list[EngineLoad], *, before: EngineLoad | None = None
         return [getattr(s, field) for s in during if getattr(s, field) is not None]
 
     kv, running, waiting = present("kv_cache_usage"), present("requests_running"), present("requests_waiting")
+    accept = present("accept_length")
     counted = [s.preemptions for s in (before, *during, after) if s is not None]
+    generated = None
+    if before is not None and after is not None and None not in (before.generated_tokens, after.generated_tokens):
+        generated = after.generated_tokens - before.generated_tokens
     return LoadSummary(
         kv_cache_usage_peak=max(kv) if kv else None,
         kv_cache_usage_mean=sum(kv) / len(kv) if kv else None,
@@ -147,6 +162,8 @@ def summarize_load(during: list[EngineLoad], *, before: EngineLoad | None = None
         requests_waiting_peak=int(max(waiting)) if waiting else None,
         preemptions=int(counted[-1] - counted[0]) if counted and None not in (counted[0], counted[-1]) else None,
         metrics_samples=len(during),
+        engine_generated_tokens=generated,
+        engine_accept_length_gauge=sum(accept) / len(accept) if accept else None,
     )
 
 
