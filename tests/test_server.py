@@ -200,7 +200,7 @@ def test_attached_to_a_running_server_only_per_request_axes_are_swept_and_it_is_
         manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
         assert manifest["server"]["launches"] == []
         assert manifest["server"]["attached"] == f"http://127.0.0.1:{port}"
-        assert manifest["server"]["reports"]["/v1/models"]["data"][0]["id"]  # what the server says of itself
+        assert manifest["server"]["reports"]["baseline"]["/v1/models"]["data"][0]["id"]  # what it says of itself
         assert server.poll() is None  # not ours to stop
     finally:
         server.kill()
