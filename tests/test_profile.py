@@ -74,12 +74,14 @@ def test_the_shipped_profiles_and_the_default_is_one_of_them():
         "quickstart.toml",
         "qwen-coder-cpu.toml",
         "qwen2.5-gpu.toml",
+        "sglang-gpu-eagle3.toml",
         "sharegpt-cpu.toml",
         "vllm-cpu-capacity.toml",
         "vllm-cpu-eagle3.toml",
         "vllm-cpu-load.toml",
         "vllm-cpu-sharegpt.toml",
         "vllm-cpu.toml",
+        "vllm-gpu-eagle3.toml",
     ]
     assert (PROJECT_ROOT / DEFAULT_PROFILE).is_file()
 
@@ -210,7 +212,7 @@ def test_profiles_are_frozen():
 MODELS = ", ".join(BUILTIN_MODELS)
 SETS = ", ".join(BUILTIN_SETS)
 PROFILE_KEYS = "name, backend, server, device, dtype, target, drafts, sweep, workload, run, load, slo, capacity, cost"
-DRAFT_KEYS = "name, method, model, quantize, ngram_min, ngram_max, gamma_schedule, gamma"
+DRAFT_KEYS = "name, method, model, quantize, ngram_min, ngram_max, gamma_schedule, gamma, url"
 
 BAD_VALUES = [
     # (key, value or None to remove it, message after "<file>: ")
