@@ -1,0 +1,551 @@
+"""The prepared GPU check (`make gpu-check`): specbench's decoding at a realistic size on one GPU, in a few minutes
+and with no network (docs/gpu.md says what it builds and verifies, and why).
+
+Seeded random weights from configs: a ~1.1B Llama-shaped target in bf16 (hidden 2048, 16 layers, vocabulary 32000),
+its copy as the self-draft, a small draft of its first 4 layers, and an EAGLE-3 head distilled on the device. Baseline,
+self-draft, small draft and EAGLE-3 decode fixed prompts greedily at gamma 3, eagerly and compiled (static caches,
+torch.compile with CUDA graphs). Checked: greedy equality with the eager baseline (up to near-ties), greedy validity
+of every token (teacher-forced), CUDA graphs captured, energy per token recorded, nothing left on the GPU, the
+decoding unit tests on CUDA. Recorded per run: tokens/s, mean accepted length, acceptance, peak GPU memory, energy.
+OUT/gpu-check.json is rewritten after every phase; the exit is 1, with one line naming each failed check, when one
+fails. `--tiny --device cpu` runs the same code at toy sizes in seconds (static caches, not compiled), and every
+figure or check that needs a GPU says "not on a GPU".
+
+    python -m benches.gpu_check [--device cuda|cpu] [--tiny] [--compile] [--out DIR] [--time-limit-s 450]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from xml.etree import ElementTree
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specbench.core import gpus
+from specbench.core.errors import one_line
+from specbench.core.summary import NEAR_TIE_GAP
+from specbench.core.trace import Trace, first_divergence
+from specbench.decoding.decode import generate
+from specbench.decoding.devices import device_name, gpu_uuid, resolve_device, resolve_dtype, synchronize
+from specbench.decoding.eagle3 import Eagle3Proposer
+from specbench.decoding.proposers import BaselineProposer, DraftModelProposer
+from specbench.decoding.static import BUCKETS, StaticModel, captured_cuda_graphs
+from specbench.heads.data import capture_examples, greedy_continuations, split_held_out
+from specbench.heads.train import TrainSettings, agreement, fit, make_batches
+from specbench.models.eagle3 import Eagle3Head, default_aux_layers, head_config
+
+ROOT = Path(__file__).parents[1]
+REPORT_FILE = "gpu-check.json"
+METHODS = ("baseline", "self-draft", "small draft", "eagle3")
+NOT_ON_GPU = "not on a GPU"
+DRAFT_STEP_TOKENS = 2  # a draft model's step feeds the bonus token and the last accepted draft (as backends.native)
+EMBEDDING_SCALE = 0.01  # the target's token embeddings reach its residual stream through attention alone
+WARMUP_TOKENS = 8  # each run's untimed first request
+CONTEXT_SLACK_MB = 512.0  # NVML: kernels loaded after the CUDA context was measured (cuBLAS', inductor's); no model
+GPU_FIGURES = ("peak_memory_reserved_mb", "peak_memory_allocated_mb", "nvml_peak_memory_mb", "energy_j",
+               "energy_j_per_token", "gpu_utilization_pct", "gpu_window_s")
+# on CUDA; the sampling tests that decode 4,000 seeds each take minutes there and stay with `make test` on the CPU
+UNIT_TESTS = (("tests/test_decoding.py", ()),
+              ("tests/test_sampling.py", ("-k", "not test_generate_matches_the_target_distribution and not "
+                                                "test_a_broken_acceptance_rule_is_caught")))
+
+
+@dataclass(frozen=True)
+class Settings:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    draft_layers: int  # the small draft: the target's first layers, with its embeddings, final norm and lm_head
+    dtype: str
+    prompts: int
+    prompt_tokens: int
+    max_new_tokens: int
+    head_prompts: int  # the EAGLE-3 head is distilled from the target's continuations of this many other prompts
+    head_epochs: int
+    head_learning_rate: float = 1e-4  # small: the head starts as the target's first layer (warm_start)
+    upper_scale: float = 0.02  # the target's layers after its first write into the residual stream at this scale
+    gamma: int = 3
+    seed: int = 0
+
+
+FULL = Settings(vocab_size=32000, hidden_size=2048, intermediate_size=8192, layers=16, heads=32, kv_heads=8,
+                draft_layers=4, dtype="bfloat16", prompts=4, prompt_tokens=32, max_new_tokens=128, head_prompts=128,
+                head_epochs=10)
+TINY = Settings(vocab_size=256, hidden_size=64, intermediate_size=128, layers=4, heads=4, kv_heads=2, draft_layers=1,
+                dtype="float32", prompts=2, prompt_tokens=12, max_new_tokens=24, head_prompts=8, head_epochs=5)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # "passed", "failed" or "skipped"
+    detail: str
+
+
+# --- models ------------------------------------------------------------------------------------------------------
+
+def llama(settings: Settings, layers: int, *, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=settings.vocab_size, hidden_size=settings.hidden_size,
+                         intermediate_size=settings.intermediate_size, num_hidden_layers=layers,
+                         num_attention_heads=settings.heads, num_key_value_heads=settings.kv_heads,
+                         max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                         pad_token_id=0)
+    with torch.device(device):
+        return LlamaForCausalLM(config).to(dtype).eval()
+
+
+def build_models(settings: Settings, *, device: torch.device, dtype: torch.dtype) -> dict[str, LlamaForCausalLM]:
+    """The target, its copy (the self-draft) and the small draft cut from it. Random weights agree with nothing, so
+    the target's first layer decides most of its choices (the later ones scaled down, its embeddings too): a draft
+    of its first layers, and a head started from its first layer, then agree with it often."""
+    torch.manual_seed(settings.seed)
+    target = llama(settings, settings.layers, device=device, dtype=dtype)
+    with torch.no_grad():
+        target.model.embed_tokens.weight.mul_(EMBEDDING_SCALE)
+        for layer in target.model.layers[1:]:
+            layer.self_attn.o_proj.weight.mul_(settings.upper_scale)
+            layer.mlp.down_proj.weight.mul_(settings.upper_scale)
+    small = llama(settings, settings.draft_layers, device=device, dtype=dtype)
+    keys = small.state_dict().keys()
+    small.load_state_dict({name: tensor for name, tensor in target.state_dict().items() if name in keys})
+    return {"target": target, "self-draft": copy.deepcopy(target), "small draft": small}
+
+
+def prompt_ids(settings: Settings, count: int, *, seed: int) -> list[list[int]]:
+    """`count` prompts of random ids (none of the special ids 0-2)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, settings.vocab_size, (count, settings.prompt_tokens), generator=generator).tolist()
+
+
+def warm_start(head: Eagle3Head, target: LlamaForCausalLM) -> None:
+    """The head as the target's first decoder layer reading the next token's embedding: the embedding half of its
+    q, k and v that layer's, the hidden half zero, and hidden_norm zero (its hidden input adds nothing yet)."""
+    layer, hidden, attention = target.model.layers[0], target.config.hidden_size, head.midlayer.self_attn
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj"):
+            weight = getattr(attention, name).weight  # [out, 2H]: embedding ⊕ hidden
+            weight.zero_()
+            weight[:, :hidden] = getattr(layer.self_attn, name).weight
+        attention.o_proj.weight.copy_(layer.self_attn.o_proj.weight)
+        head.midlayer.mlp.load_state_dict(layer.mlp.state_dict())
+        head.midlayer.input_layernorm.weight.copy_(layer.input_layernorm.weight)
+        head.midlayer.post_attention_layernorm.weight.copy_(layer.post_attention_layernorm.weight)
+        head.midlayer.hidden_norm.weight.zero_()
+        head.norm.weight.copy_(target.model.norm.weight)
+
+
+def distil_head(target: LlamaForCausalLM, settings: Settings) -> tuple[Eagle3Head, dict]:
+    """An EAGLE-3 head over the target's whole vocabulary, distilled (float32, on the target's device) with
+    specbench's trainer from the target's greedy continuations of other prompts; returned in the target's dtype."""
+    started = time.perf_counter()
+    device, config = target.device, target.config
+    layers = default_aux_layers(config.num_hidden_layers)
+    prompts = prompt_ids(settings, settings.head_prompts, seed=settings.seed + 2)
+    continuations = greedy_continuations(target, prompts, max_new_tokens=settings.max_new_tokens, eos_token_ids=(),
+                                         pad_token_id=0, batch_size=32)
+    examples = capture_examples(target, prompts, continuations, layer_ids=layers)
+    train_ids, held_ids = split_held_out(len(examples), held_out=0.15, seed=settings.seed)
+    head = Eagle3Head(head_config(config, draft_vocab_size=config.vocab_size, aux_layer_ids=layers,
+                                  norm_before_residual=True), own_lm_head=False).float().to(device)
+    warm_start(head, target)
+    embedding = target.get_input_embeddings().weight.detach()
+    frozen = {"embed": lambda ids: torch.nn.functional.embedding(ids, embedding).float(),
+              "lm_head_weight": target.get_output_embeddings().weight.detach().float()}
+    batching = {"batch_tokens": 2048, "steps": 3, "to_draft": None, "device": device}
+    train = make_batches([examples[i] for i in train_ids], **batching)
+    held = make_batches([examples[i] for i in held_ids], **batching)
+    untrained = agreement(head, held, steps=3, **frozen)
+    losses = fit(head, train, settings=TrainSettings(epochs=settings.head_epochs, batch_tokens=2048, ttt_steps=3,
+                                                     learning_rate=settings.head_learning_rate, seed=settings.seed),
+                 **frozen)
+    report = {"aux_layers": list(layers), "train_prompts": len(train_ids), "held_out_prompts": len(held_ids),
+              "optimizer_steps": len(losses), "losses": [losses[0], losses[-1]],
+              "agreement_untrained": list(untrained), "agreement": list(agreement(head, held, steps=3, **frozen)),
+              "seconds": time.perf_counter() - started}
+    return head.to(target.dtype).eval(), report
+
+
+# --- measuring ---------------------------------------------------------------------------------------------------
+
+class Watch:
+    """NVML beside the allocator on a CUDA device: this process's memory and the GPU's energy around each run."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.cuda, self.uuid = device, device.type == "cuda", gpu_uuid(device)
+        self.nvml = gpus.open_nvml() if self.cuda else None
+        self.why = NOT_ON_GPU if not self.cuda else "NVML does not answer (no nvidia-ml-py, or no NVIDIA driver)"
+        if self.nvml is not None:
+            try:
+                self.nvml.sample([self.uuid])
+            except Exception as error:  # noqa: BLE001 - NVMLError and its kin: the NVML figures are then None
+                self.nvml, self.why = None, f"NVML does not know GPU {self.uuid} ({one_line(error)})"
+
+    def monitor(self) -> gpus.GpuMonitor | nullcontext:
+        if self.nvml is None:
+            return nullcontext()
+        return gpus.GpuMonitor(self.nvml, [self.uuid], lambda: [os.getpid()], interval_s=0.1)
+
+    def process_mb(self) -> float | None:
+        """What NVML says this process holds on the GPU (None: not listed, or no NVML)."""
+        return None if self.nvml is None else self.nvml.sample([self.uuid])[0].process_memory_mb.get(os.getpid())
+
+
+def run_method(target, proposer, prompts: list[list[int]], settings: Settings,
+               watch: Watch) -> tuple[list[Trace], dict]:
+    """One untimed request, then every prompt greedily at gamma: the traces and the run's figures."""
+    decode = {"gamma": settings.gamma, "temperature": 0.0}
+    generate(target, proposer, prompts[0], max_new_tokens=WARMUP_TOKENS, **decode)
+    if watch.cuda:
+        synchronize(watch.device)
+        torch.cuda.reset_peak_memory_stats(watch.device)
+    with watch.monitor() as monitor:
+        traces = [generate(target, proposer, ids, max_new_tokens=settings.max_new_tokens, **decode) for ids in prompts]
+    return traces, figures(traces, watch=watch, monitor=monitor)
+
+
+def figures(traces: list[Trace], *, watch: Watch, monitor: gpus.GpuMonitor | None) -> dict:
+    """A run's figures; each GPU figure it could not take is None, and `unmeasured` says why."""
+    tokens, seconds = sum(trace.output_tokens for trace in traces), sum(trace.e2e_s for trace in traces)
+    steps = [step for trace in traces for step in trace.steps]
+    drafted = sum(step.drafted or 0 for step in steps)
+    gpu = dict.fromkeys(GPU_FIGURES)
+    if watch.cuda:
+        gpu.update(peak_memory_reserved_mb=torch.cuda.max_memory_reserved(watch.device) / 2**20,
+                   peak_memory_allocated_mb=torch.cuda.max_memory_allocated(watch.device) / 2**20)
+    window = monitor.window if monitor is not None else None
+    if window is not None:
+        seen = any(os.getpid() in sample.process_memory_mb for _, samples in monitor.readings for sample in samples)
+        gpu.update(nvml_peak_memory_mb=window.peak_memory_mb if seen and window.memory_source == "processes" else None,
+                   energy_j=window.energy_j, gpu_utilization_pct=window.utilization_pct, gpu_window_s=window.duration_s,
+                   energy_j_per_token=window.energy_j / tokens if window.energy_j is not None else None)
+    why = watch.why if window is None else "NVML gave none for this GPU and process"
+    return {"requests": len(traces), "output_tokens": tokens, "decode_s": seconds, "tokens_per_s": tokens / seconds,
+            "mean_accepted_length": sum(step.emitted for step in steps) / len(steps) if steps else None,
+            "acceptance_rate": sum(step.accepted for step in steps) / drafted if drafted else None,
+            **gpu, "unmeasured": {key: why for key, value in gpu.items() if value is None}}
+
+
+def decode_runs(mode: str, target, drafts: dict, head: Eagle3Head, aux, prompts, settings: Settings,
+                watch: Watch) -> list[dict]:
+    """Every method on one decoding path: `target` and `drafts` are modules (eager) or StaticModels; `aux` is the
+    target's StaticModel that keeps the head's states (None: the proposer hooks the module itself)."""
+    module = target if isinstance(target, torch.nn.Module) else target.model
+    vocab_size = module.get_output_embeddings().weight.shape[0]
+    runs = []
+    for method in METHODS:
+        if method == "baseline":
+            proposer = BaselineProposer(watch.device)
+        elif method == "eagle3":
+            proposer = Eagle3Proposer(head, module, device=watch.device, name=method, aux=aux)
+        else:
+            proposer = DraftModelProposer(drafts[method], vocab_size=vocab_size, device=watch.device, name=method)
+        traces, measured = run_method(target, proposer, prompts, settings, watch)
+        if method == "eagle3" and aux is None:
+            proposer.capture.close()  # its hooks off the target before anything compiles it
+        runs.append({"mode": mode, "method": method, "traces": traces, **measured})
+    return runs
+
+
+# --- judging -----------------------------------------------------------------------------------------------------
+
+def judge_equality(reference: list[Trace], traces: list[Trace]) -> dict:
+    """Requests identical to the reference, those that first part from it at a near-tie of the target's logits,
+    and those that part elsewhere (broken decoding)."""
+    parted = [{"prompt": index, "position": found[0], "top2_gap": found[1]}
+              for index, (ref, trace) in enumerate(zip(reference, traces, strict=True))
+              if (found := first_divergence(trace.output_ids, ref.output_ids, gaps=trace.top2_gap,
+                                            reference_gaps=ref.top2_gap))]
+    near = [entry for entry in parted if entry["top2_gap"] is not None and entry["top2_gap"] <= NEAR_TIE_GAP]
+    return {"compared": len(traces), "identical": len(traces) - len(parted), "near_ties": near,
+            "broken": [entry for entry in parted if entry not in near]}
+
+
+def choice_deficit(target: torch.nn.Module, prompt: list[int], output_ids: tuple[int, ...]) -> float:
+    """How far the output's worst token falls below the target's top logit given its own prefix, in one
+    teacher-forced forward over prompt + output (0.0: every token is the target's argmax)."""
+    device = next(target.parameters()).device
+    ids = torch.tensor([prompt + list(output_ids[:-1])], device=device)
+    with torch.inference_mode():
+        logits = target(input_ids=ids, use_cache=False, logits_to_keep=len(output_ids)).logits[0].float()  # [N, V]
+    chosen = logits.gather(1, torch.tensor(output_ids, device=device).view(-1, 1)).squeeze(1)  # [N]
+    return float((logits.amax(dim=-1) - chosen).max())
+
+
+def leftover(watch: Watch, context_mb: float | None) -> dict:
+    """What stays on the GPU once every model, cache and graph is gone (the caller dropped its references)."""
+    gc.collect()
+    torch._dynamo.reset()  # compiled code and inductor's CUDA graph trees, with their memory pools
+    gc.collect()
+    if not watch.cuda:
+        return {}
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:  # the allocator counts cuBLAS's workspaces as allocated
+        clear()
+    torch.cuda.empty_cache()
+    return {"allocated_bytes": torch.cuda.memory_allocated(watch.device),
+            "reserved_bytes": torch.cuda.memory_reserved(watch.device),
+            "nvml_process_mb": watch.process_mb(), "nvml_context_mb": context_mb}
+
+
+def unit_tests(deadline: float) -> dict:
+    """The decoding unit tests on CUDA (SPECBENCH_TEST_DEVICE), one pytest per file, within the check's time."""
+    results = {}
+    env = {**os.environ, "SPECBENCH_TEST_DEVICE": "cuda", "SPECBENCH_TEST_BUDGET": "off"}
+    for path, options in UNIT_TESTS:
+        left = deadline - time.monotonic()
+        if left < 30:
+            results[path] = {"status": "not run", "reason": f"{max(left, 0):.0f} s left of --time-limit-s"}
+            continue
+        with tempfile.TemporaryDirectory() as scratch:
+            junit = Path(scratch) / "junit.xml"
+            command = [sys.executable, "-m", "pytest", path, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                       *options]
+            try:
+                done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=left)
+            except subprocess.TimeoutExpired:
+                results[path] = {"status": "timed out", "reason": f"still running after {left:.0f} s"}
+                continue
+            root = ElementTree.parse(junit).getroot() if junit.exists() else None
+        suite = root.find("testsuite") if root is not None and root.tag == "testsuites" else root
+        counts = {} if suite is None else {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors",
+                                                                                    "skipped")}
+        results[path] = {"status": "passed" if done.returncode == 0 else "failed", "exit_code": done.returncode,
+                         "options": list(options), **counts, "output_tail": (done.stdout + done.stderr)[-3000:]}
+    return results
+
+
+# --- the check ---------------------------------------------------------------------------------------------------
+
+def machine(device: torch.device) -> dict:
+    return {"device": device_name(device), "host": platform.node(), "python": platform.python_version(),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
+            "gpus": [asdict(gpu) for gpu in gpus.machine_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))]}
+
+
+def check(settings: Settings, *, device: torch.device, compile: bool, deadline: float, report: dict, save,
+          progress) -> None:
+    """Fill `report` phase by phase, calling `save()` after each: the decoding, what is left, the unit tests."""
+    dtype, watch = resolve_dtype(settings.dtype, device), Watch(device)
+    report.update(version=1, device=str(device), dtype=settings.dtype, compile=compile, settings=asdict(settings),
+                  machine=machine(device), phases_s={})
+    context_mb = None
+    if watch.cuda:  # NVML's figure for this process once CUDA and cuBLAS are up and nothing is allocated
+        square = torch.ones(256, 256, device=device, dtype=dtype)
+        float((square @ square).sum())
+        del square
+        torch.cuda.empty_cache()
+        context_mb = watch.process_mb()
+    decoding(settings, dtype=dtype, compile=compile, watch=watch, report=report, save=save, progress=progress)
+    started = time.perf_counter()
+    report["leftover"] = leftover(watch, context_mb)
+    report["phases_s"]["leftover"] = time.perf_counter() - started
+    save()
+    if watch.cuda:
+        progress("the decoding unit tests on CUDA")
+        started = time.perf_counter()
+        report["unit_tests"] = unit_tests(deadline)
+        report["phases_s"]["unit_tests"] = time.perf_counter() - started
+        save()
+
+
+def decoding(settings: Settings, *, dtype: torch.dtype, compile: bool, watch: Watch, report: dict, save,
+             progress) -> None:
+    """Build, distil, decode eagerly then on static caches, judge; every model is gone when this returns."""
+    clock, runs = [time.perf_counter()], []
+
+    def done(phase: str) -> None:
+        now = time.perf_counter()
+        report["phases_s"][phase], clock[0] = now - clock[0], now
+        report["runs"] = [{**{key: value for key, value in run.items() if key != "traces"},
+                           "output_ids": [list(trace.output_ids) for trace in run["traces"]]} for run in runs]
+        save()
+
+    progress("building the models")
+    models = build_models(settings, device=watch.device, dtype=dtype)
+    report["models"] = {name: {"layers": model.config.num_hidden_layers,
+                               "parameters": sum(p.numel() for p in model.parameters())}
+                        for name, model in models.items()}
+    done("models")
+    progress("distilling the EAGLE-3 head")
+    head, report["models"]["eagle3"] = distil_head(models["target"], settings)
+    done("head")
+    prompts = report["prompts"] = prompt_ids(settings, settings.prompts, seed=settings.seed + 1)
+    drafts = {name: models[name] for name in METHODS if name in models}
+    progress("decoding eagerly")
+    runs += decode_runs("eager", models["target"], drafts, head, None, prompts, settings, watch)
+    done("eager")
+    mode = "compiled" if compile else "static"
+    progress("static caches" + (", compiling their steps" if compile else ""))
+    capacity = settings.prompt_tokens + settings.max_new_tokens + BUCKETS[-1]
+    statics = {"target": StaticModel(models["target"], capacity=capacity, compile=compile, name="target",
+                                     aux_layers=tuple(head.aux_layer_ids))}
+    statics |= {name: StaticModel(model, capacity=capacity, compile=compile, name=name)
+                for name, model in drafts.items()}
+    for name, static in statics.items():
+        static.warm_up(range(1, settings.gamma + 2 if name == "target" else DRAFT_STEP_TOKENS + 1))
+    report["static"] = {"compile_s": {name: sum(static.compile_s.values()) for name, static in statics.items()}}
+    done("compile")
+    progress(f"decoding on static caches{' (compiled)' if compile else ''}")
+    runs += decode_runs(mode, statics["target"], {name: statics[name] for name in drafts}, head, statics["target"],
+                        prompts, settings, watch)
+    if compile and watch.cuda:
+        captured, skipped = captured_cuda_graphs(watch.device)
+        report["static"]["cuda_graphs"] = {"captured": captured, "skipped": skipped}
+    for static in statics.values():
+        static.close()
+    done(mode)
+    progress("judging every output token")
+    for run in runs:
+        run["greedy"] = judge_equality(runs[0]["traces"], run["traces"])
+        run["max_choice_deficit"] = max(choice_deficit(models["target"], ids, trace.output_ids)
+                                        for ids, trace in zip(prompts, run["traces"]))
+    done("judge")
+
+
+# --- the verdict, the table, the file ----------------------------------------------------------------------------
+
+def judge(report: dict) -> list[Check]:
+    """The checks, from the report alone."""
+    cuda, runs = report.get("device", "").startswith("cuda"), report.get("runs", [])
+    judged = [run for run in runs if "greedy" in run]
+    checks = [Check("completed", "failed", report["error"])] if "error" in report else []
+    if not judged:
+        checks += [Check(name, "skipped", "not reached") for name in ("greedy equality", "greedy validity")]
+    else:
+        broken = [f"{run['mode']} {run['method']}, prompt {b['prompt']}, token {b['position']} (top-2 gap "
+                  f"{b['top2_gap']})" for run in judged for b in run["greedy"]["broken"]]
+        counts = [sum(run["greedy"][key] if key != "near_ties" else len(run["greedy"][key]) for run in judged)
+                  for key in ("identical", "compared", "near_ties")]
+        checks.append(Check("greedy equality", "failed" if broken else "passed", "; ".join(broken) or (
+            f"{counts[0]} of {counts[1]} requests identical to the eager baseline's output, {counts[2]} first "
+            f"parted from it at a near-tie (top-2 gap <= {NEAR_TIE_GAP})")))
+        off = [f"{run['mode']} {run['method']} ({run['max_choice_deficit']:.3g})" for run in judged
+               if run["max_choice_deficit"] > NEAR_TIE_GAP]
+        worst = max(run["max_choice_deficit"] for run in judged)
+        checks.append(Check("greedy validity", "failed" if off else "passed",
+                            f"tokens below the target's top logit by more than {NEAR_TIE_GAP}: {', '.join(off)}" if off
+                            else f"every output token is the target's choice given its prefix (worst shortfall "
+                                 f"{worst:.3g})"))
+    graphs, left, tests = report.get("static", {}).get("cuda_graphs"), report.get("leftover"), report.get("unit_tests")
+    if not cuda:
+        return checks + [Check(name, "skipped", NOT_ON_GPU) for name in ("cuda graphs captured", "energy per token",
+                                                                          "nothing left on the gpu")] + [
+            Check("unit tests on cuda", "skipped", f"{NOT_ON_GPU} (make test runs them on the CPU)")]
+    if graphs is None:
+        checks.append(Check("cuda graphs captured", "skipped", "not reached" if report["compile"] else "not compiled"))
+    else:
+        ok = graphs["captured"] is not None and graphs["captured"] > 0 and graphs["skipped"] == 0
+        checks.append(Check("cuda graphs captured", "passed" if ok else "failed",
+                            f"{graphs['captured']} captured (None: this torch does not tell), "
+                            f"{graphs['skipped']} skipped"))
+    energy = [run["energy_j_per_token"] for run in runs]
+    checks.append(Check("energy per token", "skipped", "not reached") if not runs else Check(
+        "energy per token", "passed", f"{min(energy):.3g}-{max(energy):.3g} J per output token") if None not in energy
+        else Check("energy per token", "skipped", runs[0]["unmeasured"]["energy_j_per_token"]))
+    checks.append(Check("nothing left on the gpu", "skipped", "not reached") if not left else _leftover(left))
+    bad = [f"{path}: {result['status']}" for path, result in (tests or {}).items() if result["status"] != "passed"]
+    checks.append(Check("unit tests on cuda", "skipped", "not reached") if not tests else Check(
+        "unit tests on cuda", "failed" if bad else "passed", "; ".join(bad) or ", ".join(
+            f"{path}: {result['tests'] - result['skipped']} passed" for path, result in tests.items())))
+    return checks
+
+
+def _leftover(left: dict) -> Check:
+    held, context = left["nvml_process_mb"], left["nvml_context_mb"]
+    problems = [f"{left['allocated_bytes'] / 2**20:.1f} MiB still allocated"] if left["allocated_bytes"] else []
+    if None not in (held, context) and held > context + CONTEXT_SLACK_MB:
+        problems.append(f"NVML: more than the CUDA context + {CONTEXT_SLACK_MB:.0f} MiB")
+    nvml = ("NVML: no figure for this process" if None in (held, context) else
+            f"NVML: this process holds {held:.0f} MiB, its CUDA context held {context:.0f} MiB")
+    return Check("nothing left on the gpu", "failed" if problems else "passed",
+                 "; ".join([*problems, f"{left['reserved_bytes']} bytes reserved", nvml]))
+
+
+def render(report: dict, checks: list[Check]) -> str:
+    settings, parameters = report.get("settings", {}), report.get("models", {}).get("target", {}).get("parameters", 0)
+
+    def cell(value, form: str) -> str:
+        return "-" if value is None else format(value, form)
+
+    lines = [f"gpu check on {report.get('machine', {}).get('device', '?')}: {report.get('dtype')}, target "
+             f"{parameters / 1e6:,.1f}M parameters, gamma {settings.get('gamma')}, {settings.get('prompts')} prompts "
+             f"x {settings.get('max_new_tokens')} tokens, greedy",
+             f"{'mode':<9}{'method':<13}{'tok/s':>8}{'MAL':>6}{'accept':>8}{'identical':>10}{'peak MiB':>10}"
+             f"{'NVML MiB':>10}{'J/token':>9}"]
+    for run in report.get("runs", []):
+        greedy = run.get("greedy")
+        lines.append(f"{run['mode']:<9}{run['method']:<13}{run['tokens_per_s']:>8.1f}"
+                     f"{cell(run['mean_accepted_length'], '.2f'):>6}{cell(run['acceptance_rate'], '.0%'):>8}"
+                     + (f"{greedy['identical']:>6}/{greedy['compared']:<3}" if greedy else f"{'-':>10}")
+                     + f"{cell(run['peak_memory_reserved_mb'], '.0f'):>10}{cell(run['nvml_peak_memory_mb'], '.0f'):>10}"
+                     f"{cell(run['energy_j_per_token'], '.3f'):>9}")
+    return "\n".join(lines + [f"{check.status:<8}{check.name}: {check.detail}" for check in checks])
+
+
+def write_report(report: dict, out: Path) -> Path:
+    """OUT/gpu-check.json, replaced whole."""
+    out.mkdir(parents=True, exist_ok=True)
+    path, partial = out / REPORT_FILE, out / f".{REPORT_FILE}.tmp"
+    partial.write_text(json.dumps(report, indent=1) + "\n")
+    partial.replace(path)
+    return path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benches.gpu_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="auto", help="cuda, cuda:N or cpu (default: cuda where there is one)")
+    parser.add_argument("--tiny", action="store_true", help="toy sizes (seconds on a CPU) instead of a ~1B target")
+    parser.add_argument("--compile", action="store_true", help="compile the static steps on a CPU too (on CUDA "
+                        "they always are, with CUDA graphs; inductor takes minutes on a CPU)")
+    parser.add_argument("--out", type=Path, default=None, help="where gpu-check.json goes (default: $OUT if set, "
+                        "else ./gpu-check)")
+    parser.add_argument("--time-limit-s", type=float, default=450.0, help="the unit tests run only within this "
+                        "many seconds of the start (default 450)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    out = args.out or Path(os.environ.get("OUT") or "gpu-check")
+    report: dict = {}
+    try:
+        check(TINY if args.tiny else FULL, device=device, compile=device.type == "cuda" or args.compile,
+              deadline=time.monotonic() + args.time_limit_s, report=report, save=lambda: write_report(report, out),
+              progress=lambda message: print(f"[gpu-check] {message}", file=sys.stderr, flush=True))
+    except Exception as error:  # noqa: BLE001 - whatever the device raised is recorded; the checks then say so
+        traceback.print_exc()
+        report["error"] = f"{type(error).__name__}: {one_line(error)}"
+    checks = judge(report)
+    failed = [check for check in checks if check.status == "failed"]
+    report.update(ok=not failed, checks=[asdict(check) for check in checks])
+    path = write_report(report, out)
+    print(render(report, checks))
+    print(f"written: {path}")
+    if failed:
+        sys.exit("gpu check failed: " + "; ".join(f"{check.name} ({check.detail})" for check in failed))
+
+
+if __name__ == "__main__":
+    main()
