@@ -82,6 +82,7 @@ class Settings:
     head_epochs: int
     head_learning_rate: float = 1e-4  # small: the head starts as the target's first layer (warm_start)
     upper_scale: float = 0.02  # the target's layers after its first write into the residual stream at this scale
+    init_std: float = 0.02  # the weights' initial spread: logits spread about init_std * sqrt(hidden_size)
     gamma: int = 3
     seed: int = 0
 
@@ -90,7 +91,8 @@ FULL = Settings(vocab_size=32000, hidden_size=2048, intermediate_size=8192, laye
                 draft_layers=4, dtype="bfloat16", prompts=4, prompt_tokens=32, max_new_tokens=128, head_prompts=128,
                 head_epochs=10)
 TINY = Settings(vocab_size=256, hidden_size=64, intermediate_size=128, layers=4, heads=4, kv_heads=2, draft_layers=1,
-                dtype="float32", prompts=2, prompt_tokens=12, max_new_tokens=24, head_prompts=8, head_epochs=5)
+                dtype="float32", prompts=2, prompt_tokens=12, max_new_tokens=24, head_prompts=8, head_epochs=5,
+                init_std=0.1)  # logits as spread as FULL's
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ def llama(settings: Settings, layers: int, *, device: torch.device, dtype: torch
                          intermediate_size=settings.intermediate_size, num_hidden_layers=layers,
                          num_attention_heads=settings.heads, num_key_value_heads=settings.kv_heads,
                          max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-                         pad_token_id=0)
+                         pad_token_id=0, initializer_range=settings.init_std)
     with torch.device(device):
         return LlamaForCausalLM(config).to(dtype).eval()
 
