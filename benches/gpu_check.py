@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,7 +52,7 @@ from specbench.models.eagle3 import Eagle3Head, default_aux_layers, head_config
 
 ROOT = Path(__file__).parents[1]
 REPORT_FILE = "gpu-check.json"
-METHODS = ("baseline", "self-draft", "small draft", "eagle3")
+METHODS = ("baseline", "eagle3", "small draft", "self-draft")  # the self-draft compiles longest: last
 NOT_ON_GPU = "not on a GPU"
 DRAFT_STEP_TOKENS = 2  # a draft model's step feeds the bonus token and the last accepted draft (as backends.native)
 EMBEDDING_SCALE = 0.01  # the target's token embeddings reach its residual stream through attention alone
@@ -245,25 +246,24 @@ def figures(traces: list[Trace], *, watch: Watch, monitor: gpus.GpuMonitor | Non
             **gpu, "unmeasured": {key: why for key, value in gpu.items() if value is None}}
 
 
-def decode_runs(mode: str, target, drafts: dict, head: Eagle3Head, aux, prompts, settings: Settings,
-                watch: Watch) -> list[dict]:
-    """Every method on one decoding path: `target` and `drafts` are modules (eager) or StaticModels; `aux` is the
-    target's StaticModel that keeps the head's states (None: the proposer hooks the module itself)."""
+def decode_runs(mode: str, target, draft: Callable[[str], object], head: Eagle3Head, aux, prompts,
+                settings: Settings, watch: Watch, record: Callable[[dict], None]) -> None:
+    """Every method on one decoding path, each run handed to `record` as it ends: `target` is a module (eager) or a
+    StaticModel, `draft(name)` gives that draft's; `aux` is the target's StaticModel that keeps the head's states
+    (None: the proposer hooks the module itself)."""
     module = target if isinstance(target, torch.nn.Module) else target.model
     vocab_size = module.get_output_embeddings().weight.shape[0]
-    runs = []
     for method in METHODS:
         if method == "baseline":
             proposer = BaselineProposer(watch.device)
         elif method == "eagle3":
             proposer = Eagle3Proposer(head, module, device=watch.device, name=method, aux=aux)
         else:
-            proposer = DraftModelProposer(drafts[method], vocab_size=vocab_size, device=watch.device, name=method)
+            proposer = DraftModelProposer(draft(method), vocab_size=vocab_size, device=watch.device, name=method)
         traces, measured = run_method(target, proposer, prompts, settings, watch)
         if method == "eagle3" and aux is None:
             proposer.capture.close()  # its hooks off the target before anything compiles it
-        runs.append({"mode": mode, "method": method, "traces": traces, **measured})
-    return runs
+        record({"mode": mode, "method": method, "traces": traces, **measured})
 
 
 # --- judging -----------------------------------------------------------------------------------------------------
@@ -298,6 +298,9 @@ def leftover(watch: Watch, context_mb: float | None) -> dict:
     gc.collect()
     if not watch.cuda:
         return {}
+    from torch._inductor import cudagraph_trees
+
+    cudagraph_trees.reset_cudagraph_trees()  # what dynamo's reset does too, in the torch releases that do it
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:  # the allocator counts cuBLAS's workspaces as allocated
         clear()
@@ -370,7 +373,8 @@ def check(settings: Settings, *, device: torch.device, compile: bool, deadline: 
 
 def decoding(settings: Settings, *, dtype: torch.dtype, compile: bool, watch: Watch, report: dict, save,
              progress) -> None:
-    """Build, distil, decode eagerly then on static caches, judge; every model is gone when this returns."""
+    """Build, distil, decode eagerly then on static caches (each model's steps compiled when its first run needs
+    them, the costliest last), judging and saving each run as it ends; every model is gone when this returns."""
     clock, runs = [time.perf_counter()], []
 
     def done(phase: str) -> None:
@@ -379,6 +383,13 @@ def decoding(settings: Settings, *, dtype: torch.dtype, compile: bool, watch: Wa
         report["runs"] = [{**{key: value for key, value in run.items() if key != "traces"},
                            "output_ids": [list(trace.output_ids) for trace in run["traces"]]} for run in runs]
         save()
+
+    def record(run: dict) -> None:
+        run["greedy"] = judge_equality((runs[0] if runs else run)["traces"], run["traces"])
+        run["max_choice_deficit"] = max(choice_deficit(models["target"], ids, trace.output_ids)
+                                        for ids, trace in zip(prompts, run["traces"]))
+        runs.append(run)
+        done(f"{run['mode']} {run['method']}")
 
     progress("building the models")
     models = build_models(settings, device=watch.device, dtype=dtype)
@@ -390,87 +401,91 @@ def decoding(settings: Settings, *, dtype: torch.dtype, compile: bool, watch: Wa
     head, report["models"]["eagle3"] = distil_head(models["target"], settings)
     done("head")
     prompts = report["prompts"] = prompt_ids(settings, settings.prompts, seed=settings.seed + 1)
-    drafts = {name: models[name] for name in METHODS if name in models}
     progress("decoding eagerly")
-    runs += decode_runs("eager", models["target"], drafts, head, None, prompts, settings, watch)
-    done("eager")
-    mode = "compiled" if compile else "static"
-    progress("static caches" + (", compiling their steps" if compile else ""))
-    capacity = settings.prompt_tokens + settings.max_new_tokens + BUCKETS[-1]
-    statics = {"target": StaticModel(models["target"], capacity=capacity, compile=compile, name="target",
-                                     aux_layers=tuple(head.aux_layer_ids))}
-    statics |= {name: StaticModel(model, capacity=capacity, compile=compile, name=name)
-                for name, model in drafts.items()}
-    for name, static in statics.items():
-        static.warm_up(range(1, settings.gamma + 2 if name == "target" else DRAFT_STEP_TOKENS + 1))
-    report["static"] = {"compile_s": {name: sum(static.compile_s.values()) for name, static in statics.items()}}
-    done("compile")
-    progress(f"decoding on static caches{' (compiled)' if compile else ''}")
-    runs += decode_runs(mode, statics["target"], {name: statics[name] for name in drafts}, head, statics["target"],
-                        prompts, settings, watch)
+    decode_runs("eager", models["target"], models.__getitem__, head, None, prompts, settings, watch, record)
+    capacity, statics = settings.prompt_tokens + settings.max_new_tokens + BUCKETS[-1], {}
+    report["static"] = {"compile_s": {}}
+
+    def static(name: str) -> StaticModel:
+        if name not in statics:
+            progress(f"static cache for the {name}" + (", compiling its steps" if compile else ""))
+            statics[name] = StaticModel(models[name], capacity=capacity, compile=compile, name=name,
+                                        aux_layers=tuple(head.aux_layer_ids) if name == "target" else ())
+            statics[name].warm_up(range(1, settings.gamma + 2 if name == "target" else DRAFT_STEP_TOKENS + 1))
+            report["static"]["compile_s"][name] = sum(statics[name].compile_s.values())
+        return statics[name]
+
+    target = static("target")
+    decode_runs("compiled" if compile else "static", target, static, head, target, prompts, settings, watch, record)
     if compile and watch.cuda:
         captured, skipped = captured_cuda_graphs(watch.device)
         report["static"]["cuda_graphs"] = {"captured": captured, "skipped": skipped}
-    for static in statics.values():
-        static.close()
-    done(mode)
-    progress("judging every output token")
-    for run in runs:
-        run["greedy"] = judge_equality(runs[0]["traces"], run["traces"])
-        run["max_choice_deficit"] = max(choice_deficit(models["target"], ids, trace.output_ids)
-                                        for ids, trace in zip(prompts, run["traces"]))
-    done("judge")
+    for built in statics.values():
+        built.close()
+    save()
 
 
 # --- the verdict, the table, the file ----------------------------------------------------------------------------
 
 def judge(report: dict) -> list[Check]:
-    """The checks, from the report alone."""
-    cuda, runs = report.get("device", "").startswith("cuda"), report.get("runs", [])
-    judged = [run for run in runs if "greedy" in run]
+    """The checks, from the report alone; a check whose phase did not run is skipped as "not reached"."""
+    runs = [run for run in report.get("runs", []) if "greedy" in run]
     checks = [Check("completed", "failed", report["error"])] if "error" in report else []
-    if not judged:
-        checks += [Check(name, "skipped", "not reached") for name in ("greedy equality", "greedy validity")]
-    else:
-        broken = [f"{run['mode']} {run['method']}, prompt {b['prompt']}, token {b['position']} (top-2 gap "
-                  f"{b['top2_gap']})" for run in judged for b in run["greedy"]["broken"]]
-        counts = [sum(run["greedy"][key] if key != "near_ties" else len(run["greedy"][key]) for run in judged)
-                  for key in ("identical", "compared", "near_ties")]
-        checks.append(Check("greedy equality", "failed" if broken else "passed", "; ".join(broken) or (
-            f"{counts[0]} of {counts[1]} requests identical to the eager baseline's output, {counts[2]} first "
-            f"parted from it at a near-tie (top-2 gap <= {NEAR_TIE_GAP})")))
-        off = [f"{run['mode']} {run['method']} ({run['max_choice_deficit']:.3g})" for run in judged
-               if run["max_choice_deficit"] > NEAR_TIE_GAP]
-        worst = max(run["max_choice_deficit"] for run in judged)
-        checks.append(Check("greedy validity", "failed" if off else "passed",
-                            f"tokens below the target's top logit by more than {NEAR_TIE_GAP}: {', '.join(off)}" if off
-                            else f"every output token is the target's choice given its prefix (worst shortfall "
-                                 f"{worst:.3g})"))
-    graphs, left, tests = report.get("static", {}).get("cuda_graphs"), report.get("leftover"), report.get("unit_tests")
-    if not cuda:
+    checks += [_equality(runs), _validity(runs)]
+    if not report.get("device", "").startswith("cuda"):
         return checks + [Check(name, "skipped", NOT_ON_GPU) for name in ("cuda graphs captured", "energy per token",
                                                                           "nothing left on the gpu")] + [
             Check("unit tests on cuda", "skipped", f"{NOT_ON_GPU} (make test runs them on the CPU)")]
+    graphs = report.get("static", {}).get("cuda_graphs")
+    return checks + [_graphs(graphs, compiled=report["compile"]), _energy(runs), _leftover(report.get("leftover")),
+                     _unit_tests(report.get("unit_tests"))]
+
+
+def _equality(runs: list[dict]) -> Check:
+    if not runs:
+        return Check("greedy equality", "skipped", "not reached")
+    broken = [f"{run['mode']} {run['method']}, prompt {b['prompt']}, token {b['position']} (top-2 gap "
+              f"{b['top2_gap']})" for run in runs for b in run["greedy"]["broken"]]
+    identical, compared = (sum(run["greedy"][key] for run in runs) for key in ("identical", "compared"))
+    near = sum(len(run["greedy"]["near_ties"]) for run in runs)
+    return Check("greedy equality", "failed" if broken else "passed", "; ".join(broken) or (
+        f"{identical} of {compared} requests identical to the eager baseline's output, {near} first parted from it "
+        f"at a near-tie (top-2 gap <= {NEAR_TIE_GAP})"))
+
+
+def _validity(runs: list[dict]) -> Check:
+    if not runs:
+        return Check("greedy validity", "skipped", "not reached")
+    off = [f"{run['mode']} {run['method']} ({run['max_choice_deficit']:.3g})" for run in runs
+           if run["max_choice_deficit"] > NEAR_TIE_GAP]
+    if off:
+        return Check("greedy validity", "failed", f"tokens below the target's top logit by more than {NEAR_TIE_GAP}: "
+                     + ", ".join(off))
+    worst = max(run["max_choice_deficit"] for run in runs)
+    return Check("greedy validity", "passed",
+                 f"every output token is the target's choice given its prefix (worst shortfall {worst:.3g})")
+
+
+def _graphs(graphs: dict | None, *, compiled: bool) -> Check:
     if graphs is None:
-        checks.append(Check("cuda graphs captured", "skipped", "not reached" if report["compile"] else "not compiled"))
-    else:
-        ok = graphs["captured"] is not None and graphs["captured"] > 0 and graphs["skipped"] == 0
-        checks.append(Check("cuda graphs captured", "passed" if ok else "failed",
-                            f"{graphs['captured']} captured (None: this torch does not tell), "
-                            f"{graphs['skipped']} skipped"))
+        return Check("cuda graphs captured", "skipped", "not reached" if compiled else "not compiled")
+    ok = graphs["captured"] is not None and graphs["captured"] > 0 and graphs["skipped"] == 0
+    return Check("cuda graphs captured", "passed" if ok else "failed",
+                 f"{graphs['captured']} captured (None: this torch does not tell), {graphs['skipped']} skipped")
+
+
+def _energy(runs: list[dict]) -> Check:
+    if not runs:
+        return Check("energy per token", "skipped", "not reached")
     energy = [run["energy_j_per_token"] for run in runs]
-    checks.append(Check("energy per token", "skipped", "not reached") if not runs else Check(
-        "energy per token", "passed", f"{min(energy):.3g}-{max(energy):.3g} J per output token") if None not in energy
-        else Check("energy per token", "skipped", runs[0]["unmeasured"]["energy_j_per_token"]))
-    checks.append(Check("nothing left on the gpu", "skipped", "not reached") if not left else _leftover(left))
-    bad = [f"{path}: {result['status']}" for path, result in (tests or {}).items() if result["status"] != "passed"]
-    checks.append(Check("unit tests on cuda", "skipped", "not reached") if not tests else Check(
-        "unit tests on cuda", "failed" if bad else "passed", "; ".join(bad) or ", ".join(
-            f"{path}: {result['tests'] - result['skipped']} passed" for path, result in tests.items())))
-    return checks
+    if None in energy:
+        return Check("energy per token", "skipped", runs[energy.index(None)]["unmeasured"]["energy_j_per_token"])
+    return Check("energy per token", "passed", f"{min(energy):.3g}-{max(energy):.3g} J per output token")
 
 
-def _leftover(left: dict) -> Check:
+def _leftover(left: dict | None) -> Check:
+    if not left:
+        return Check("nothing left on the gpu", "skipped", "not reached")
     held, context = left["nvml_process_mb"], left["nvml_context_mb"]
     problems = [f"{left['allocated_bytes'] / 2**20:.1f} MiB still allocated"] if left["allocated_bytes"] else []
     if None not in (held, context) and held > context + CONTEXT_SLACK_MB:
@@ -479,6 +494,14 @@ def _leftover(left: dict) -> Check:
             f"NVML: this process holds {held:.0f} MiB, its CUDA context held {context:.0f} MiB")
     return Check("nothing left on the gpu", "failed" if problems else "passed",
                  "; ".join([*problems, f"{left['reserved_bytes']} bytes reserved", nvml]))
+
+
+def _unit_tests(results: dict | None) -> Check:
+    if not results:
+        return Check("unit tests on cuda", "skipped", "not reached")
+    bad = [f"{path}: {result['status']}" for path, result in results.items() if result["status"] != "passed"]
+    return Check("unit tests on cuda", "failed" if bad else "passed", "; ".join(bad) or ", ".join(
+        f"{path}: {result['tests'] - result['skipped']} passed" for path, result in results.items()))
 
 
 def render(report: dict, checks: list[Check]) -> str:
