@@ -3,7 +3,7 @@ and with no network (docs/gpu.md says what it builds and verifies, and why).
 
 Seeded random weights from configs: a ~1.1B Llama-shaped target in bf16 (hidden 2048, 16 layers, vocabulary 32000),
 its copy as the self-draft, a small draft of its first 4 layers, and an EAGLE-3 head distilled on the device. Baseline,
-self-draft, small draft and EAGLE-3 decode fixed prompts greedily at gamma 3, eagerly and compiled (static caches,
+EAGLE-3, small draft and self-draft decode fixed prompts greedily at gamma 3, eagerly and compiled (static caches,
 torch.compile with CUDA graphs). Checked: greedy equality with the eager baseline (up to near-ties), greedy validity
 of every token (teacher-forced), CUDA graphs captured, energy per token recorded, nothing left on the GPU, the
 decoding unit tests on CUDA. Recorded per run: tokens/s, mean accepted length, acceptance, peak GPU memory, energy.
