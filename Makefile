@@ -91,7 +91,7 @@ CHECK_PYTHON = found=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_in
 	echo "specbench needs Python >= 3.11, and $(PYTHON) is $${found:+Python }$${found:-not found}: give a newer one, e.g. make PYTHON=python3.11 (Ubuntu 22.04: sudo apt install python3.11 python3.11-venv)"; \
 	exit 1; }
 
-.PHONY: install run test bench bench-capacity bench-server bench-sharegpt clean check-python check-torch \
+.PHONY: install run test bench bench-capacity gpu-check gpu-wheels bench-server bench-sharegpt clean check-python check-torch \
 	engines engine-llama.cpp engine-vllm engine-sglang .engines/llama-server .engines/vllm
 
 install: $(STAMP)
@@ -220,6 +220,16 @@ bench-sharegpt: $(STAMP) engine-vllm
 # the same capacity search run twice (ARGS="--runs 3"): how far apart its capacities land here (~21 min)
 bench-capacity: $(STAMP) engine-vllm
 	$(BIN)/python -m benches.capacity $(ARGS)
+
+# The prepared check for a GPU machine with no network (docs/gpu.md): a ~1B Llama-shaped target from a config, drafts
+# and a head distilled there, decoded eager and compiled (CUDA graphs), greedy equality, peak memory and energy per
+# token, nothing left on the GPU, the decoding tests on CUDA; under 8 minutes. It uses the machine's torch and
+# transformers plus the wheels `make gpu-wheels` puts in .gpu-wheels/ (12 MiB: carry them with the tree).
+gpu-check:
+	PYTHON=$$(if [ -x $(BIN)/python ]; then echo $(BIN)/python; else echo python3; fi) bash benches/gpu_check.sh $(ARGS)
+
+gpu-wheels: $(STAMP)
+	bash benches/gpu_wheels.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .engines
