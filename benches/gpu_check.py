@@ -17,7 +17,6 @@ figure or check that needs a GPU says "not on a GPU".
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import os
@@ -29,13 +28,12 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from xml.etree import ElementTree
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from specbench.core import gpus
 from specbench.core.errors import one_line
@@ -46,144 +44,22 @@ from specbench.decoding.devices import device_name, gpu_uuid, resolve_device, re
 from specbench.decoding.eagle3 import Eagle3Proposer
 from specbench.decoding.proposers import BaselineProposer, DraftModelProposer
 from specbench.decoding.static import BUCKETS, StaticModel, captured_cuda_graphs
-from specbench.heads.data import capture_examples, greedy_continuations, split_held_out
-from specbench.heads.train import TrainSettings, agreement, fit, make_batches
-from specbench.models.eagle3 import Eagle3Head, default_aux_layers, head_config
+from specbench.models.eagle3 import Eagle3Head
+
+from benches.gpu_models import FULL, TINY, Settings, build_models, distil_head, prompt_ids
+from benches.gpu_verdict import NOT_ON_GPU, judge, render
 
 ROOT = Path(__file__).parents[1]
 REPORT_FILE = "gpu-check.json"
 METHODS = ("baseline", "eagle3", "small draft", "self-draft")  # the self-draft compiles longest: last
-NOT_ON_GPU = "not on a GPU"
 DRAFT_STEP_TOKENS = 2  # a draft model's step feeds the bonus token and the last accepted draft (as backends.native)
-EMBEDDING_SCALE = 0.01  # the target's token embeddings reach its residual stream through attention alone
 WARMUP_TOKENS = 8  # each run's untimed first request
-CONTEXT_SLACK_MB = 512.0  # NVML: kernels loaded after the CUDA context was measured (cuBLAS', inductor's); no model
 GPU_FIGURES = ("peak_memory_reserved_mb", "peak_memory_allocated_mb", "nvml_peak_memory_mb", "energy_j",
                "energy_j_per_token", "gpu_utilization_pct", "gpu_window_s")
 # on CUDA; the sampling tests that decode 4,000 seeds each take minutes there and stay with `make test` on the CPU
 UNIT_TESTS = (("tests/test_decoding.py", ()),
               ("tests/test_sampling.py", ("-k", "not test_generate_matches_the_target_distribution and not "
                                                 "test_a_broken_acceptance_rule_is_caught")))
-
-
-@dataclass(frozen=True)
-class Settings:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    layers: int
-    heads: int
-    kv_heads: int
-    draft_layers: int  # the small draft: the target's first layers, with its embeddings, final norm and lm_head
-    dtype: str
-    prompts: int
-    prompt_tokens: int
-    max_new_tokens: int
-    head_prompts: int  # the EAGLE-3 head is distilled from the target's continuations of this many other prompts
-    head_epochs: int
-    head_learning_rate: float = 1e-4  # small: the head starts as the target's first layer (warm_start)
-    upper_scale: float = 0.02  # the target's layers after its first write into the residual stream at this scale
-    init_std: float = 0.02  # the weights' initial spread: logits spread about init_std * sqrt(hidden_size)
-    gamma: int = 3
-    seed: int = 0
-
-
-FULL = Settings(vocab_size=32000, hidden_size=2048, intermediate_size=8192, layers=16, heads=32, kv_heads=8,
-                draft_layers=4, dtype="bfloat16", prompts=4, prompt_tokens=32, max_new_tokens=128, head_prompts=128,
-                head_epochs=10)
-TINY = Settings(vocab_size=256, hidden_size=64, intermediate_size=128, layers=4, heads=4, kv_heads=2, draft_layers=1,
-                dtype="float32", prompts=2, prompt_tokens=12, max_new_tokens=24, head_prompts=8, head_epochs=5,
-                init_std=0.1)  # logits as spread as FULL's
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # "passed", "failed" or "skipped"
-    detail: str
-
-
-# --- models ------------------------------------------------------------------------------------------------------
-
-def llama(settings: Settings, layers: int, *, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=settings.vocab_size, hidden_size=settings.hidden_size,
-                         intermediate_size=settings.intermediate_size, num_hidden_layers=layers,
-                         num_attention_heads=settings.heads, num_key_value_heads=settings.kv_heads,
-                         max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-                         pad_token_id=0, initializer_range=settings.init_std)
-    with torch.device(device):
-        return LlamaForCausalLM(config).to(dtype).eval()
-
-
-def build_models(settings: Settings, *, device: torch.device, dtype: torch.dtype) -> dict[str, LlamaForCausalLM]:
-    """The target, its copy (the self-draft) and the small draft cut from it. Random weights agree with nothing, so
-    the target's first layer decides most of its choices (the later ones scaled down, its embeddings too): a draft
-    of its first layers, and a head started from its first layer, then agree with it often."""
-    torch.manual_seed(settings.seed)
-    target = llama(settings, settings.layers, device=device, dtype=dtype)
-    with torch.no_grad():
-        target.model.embed_tokens.weight.mul_(EMBEDDING_SCALE)
-        for layer in target.model.layers[1:]:
-            layer.self_attn.o_proj.weight.mul_(settings.upper_scale)
-            layer.mlp.down_proj.weight.mul_(settings.upper_scale)
-    small = llama(settings, settings.draft_layers, device=device, dtype=dtype)
-    keys = small.state_dict().keys()
-    small.load_state_dict({name: tensor for name, tensor in target.state_dict().items() if name in keys})
-    return {"target": target, "self-draft": copy.deepcopy(target), "small draft": small}
-
-
-def prompt_ids(settings: Settings, count: int, *, seed: int) -> list[list[int]]:
-    """`count` prompts of random ids (none of the special ids 0-2)."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(3, settings.vocab_size, (count, settings.prompt_tokens), generator=generator).tolist()
-
-
-def warm_start(head: Eagle3Head, target: LlamaForCausalLM) -> None:
-    """The head as the target's first decoder layer reading the next token's embedding: the embedding half of its
-    q, k and v that layer's, the hidden half zero, and hidden_norm zero (its hidden input adds nothing yet)."""
-    layer, hidden, attention = target.model.layers[0], target.config.hidden_size, head.midlayer.self_attn
-    with torch.no_grad():
-        for name in ("q_proj", "k_proj", "v_proj"):
-            weight = getattr(attention, name).weight  # [out, 2H]: embedding ⊕ hidden
-            weight.zero_()
-            weight[:, :hidden] = getattr(layer.self_attn, name).weight
-        attention.o_proj.weight.copy_(layer.self_attn.o_proj.weight)
-        head.midlayer.mlp.load_state_dict(layer.mlp.state_dict())
-        head.midlayer.input_layernorm.weight.copy_(layer.input_layernorm.weight)
-        head.midlayer.post_attention_layernorm.weight.copy_(layer.post_attention_layernorm.weight)
-        head.midlayer.hidden_norm.weight.zero_()
-        head.norm.weight.copy_(target.model.norm.weight)
-
-
-def distil_head(target: LlamaForCausalLM, settings: Settings) -> tuple[Eagle3Head, dict]:
-    """An EAGLE-3 head over the target's whole vocabulary, distilled (float32, on the target's device) with
-    specbench's trainer from the target's greedy continuations of other prompts; returned in the target's dtype."""
-    started = time.perf_counter()
-    device, config = target.device, target.config
-    layers = default_aux_layers(config.num_hidden_layers)
-    prompts = prompt_ids(settings, settings.head_prompts, seed=settings.seed + 2)
-    continuations = greedy_continuations(target, prompts, max_new_tokens=settings.max_new_tokens, eos_token_ids=(),
-                                         pad_token_id=0, batch_size=32)
-    examples = capture_examples(target, prompts, continuations, layer_ids=layers)
-    train_ids, held_ids = split_held_out(len(examples), held_out=0.15, seed=settings.seed)
-    head = Eagle3Head(head_config(config, draft_vocab_size=config.vocab_size, aux_layer_ids=layers,
-                                  norm_before_residual=True), own_lm_head=False).float().to(device)
-    warm_start(head, target)
-    embedding = target.get_input_embeddings().weight.detach()
-    frozen = {"embed": lambda ids: torch.nn.functional.embedding(ids, embedding).float(),
-              "lm_head_weight": target.get_output_embeddings().weight.detach().float()}
-    batching = {"batch_tokens": 2048, "steps": 3, "to_draft": None, "device": device}
-    train = make_batches([examples[i] for i in train_ids], **batching)
-    held = make_batches([examples[i] for i in held_ids], **batching)
-    untrained = agreement(head, held, steps=3, **frozen)
-    losses = fit(head, train, settings=TrainSettings(epochs=settings.head_epochs, batch_tokens=2048, ttt_steps=3,
-                                                     learning_rate=settings.head_learning_rate, seed=settings.seed),
-                 **frozen)
-    report = {"aux_layers": list(layers), "train_prompts": len(train_ids), "held_out_prompts": len(held_ids),
-              "optimizer_steps": len(losses), "losses": [losses[0], losses[-1]],
-              "agreement_untrained": list(untrained), "agreement": list(agreement(head, held, steps=3, **frozen)),
-              "seconds": time.perf_counter() - started}
-    return head.to(target.dtype).eval(), report
 
 
 # --- measuring ---------------------------------------------------------------------------------------------------
@@ -423,106 +299,6 @@ def decoding(settings: Settings, *, dtype: torch.dtype, compile: bool, watch: Wa
     for built in statics.values():
         built.close()
     save()
-
-
-# --- the verdict, the table, the file ----------------------------------------------------------------------------
-
-def judge(report: dict) -> list[Check]:
-    """The checks, from the report alone; a check whose phase did not run is skipped as "not reached"."""
-    runs = [run for run in report.get("runs", []) if "greedy" in run]
-    checks = [Check("completed", "failed", report["error"])] if "error" in report else []
-    checks += [_equality(runs), _validity(runs)]
-    if not report.get("device", "").startswith("cuda"):
-        return checks + [Check(name, "skipped", NOT_ON_GPU) for name in ("cuda graphs captured", "energy per token",
-                                                                          "nothing left on the gpu")] + [
-            Check("unit tests on cuda", "skipped", f"{NOT_ON_GPU} (make test runs them on the CPU)")]
-    graphs = report.get("static", {}).get("cuda_graphs")
-    return checks + [_graphs(graphs, compiled=report["compile"]), _energy(runs), _leftover(report.get("leftover")),
-                     _unit_tests(report.get("unit_tests"))]
-
-
-def _equality(runs: list[dict]) -> Check:
-    if not runs:
-        return Check("greedy equality", "skipped", "not reached")
-    broken = [f"{run['mode']} {run['method']}, prompt {b['prompt']}, token {b['position']} (top-2 gap "
-              f"{b['top2_gap']})" for run in runs for b in run["greedy"]["broken"]]
-    identical, compared = (sum(run["greedy"][key] for run in runs) for key in ("identical", "compared"))
-    near = sum(len(run["greedy"]["near_ties"]) for run in runs)
-    return Check("greedy equality", "failed" if broken else "passed", "; ".join(broken) or (
-        f"{identical} of {compared} requests identical to the eager baseline's output, {near} first parted from it "
-        f"at a near-tie (top-2 gap <= {NEAR_TIE_GAP})"))
-
-
-def _validity(runs: list[dict]) -> Check:
-    if not runs:
-        return Check("greedy validity", "skipped", "not reached")
-    off = [f"{run['mode']} {run['method']} ({run['max_choice_deficit']:.3g})" for run in runs
-           if run["max_choice_deficit"] > NEAR_TIE_GAP]
-    if off:
-        return Check("greedy validity", "failed", f"tokens below the target's top logit by more than {NEAR_TIE_GAP}: "
-                     + ", ".join(off))
-    worst = max(run["max_choice_deficit"] for run in runs)
-    return Check("greedy validity", "passed",
-                 f"every output token is the target's choice given its prefix (worst shortfall {worst:.3g})")
-
-
-def _graphs(graphs: dict | None, *, compiled: bool) -> Check:
-    if graphs is None:
-        return Check("cuda graphs captured", "skipped", "not reached" if compiled else "not compiled")
-    ok = graphs["captured"] is not None and graphs["captured"] > 0 and graphs["skipped"] == 0
-    return Check("cuda graphs captured", "passed" if ok else "failed",
-                 f"{graphs['captured']} captured (None: this torch does not tell), {graphs['skipped']} skipped")
-
-
-def _energy(runs: list[dict]) -> Check:
-    if not runs:
-        return Check("energy per token", "skipped", "not reached")
-    energy = [run["energy_j_per_token"] for run in runs]
-    if None in energy:
-        return Check("energy per token", "skipped", runs[energy.index(None)]["unmeasured"]["energy_j_per_token"])
-    return Check("energy per token", "passed", f"{min(energy):.3g}-{max(energy):.3g} J per output token")
-
-
-def _leftover(left: dict | None) -> Check:
-    if not left:
-        return Check("nothing left on the gpu", "skipped", "not reached")
-    held, context = left["nvml_process_mb"], left["nvml_context_mb"]
-    problems = [f"{left['allocated_bytes'] / 2**20:.1f} MiB still allocated"] if left["allocated_bytes"] else []
-    if None not in (held, context) and held > context + CONTEXT_SLACK_MB:
-        problems.append(f"NVML: more than the CUDA context + {CONTEXT_SLACK_MB:.0f} MiB")
-    nvml = ("NVML: no figure for this process" if None in (held, context) else
-            f"NVML: this process holds {held:.0f} MiB, its CUDA context held {context:.0f} MiB")
-    return Check("nothing left on the gpu", "failed" if problems else "passed",
-                 "; ".join([*problems, f"{left['reserved_bytes']} bytes reserved", nvml]))
-
-
-def _unit_tests(results: dict | None) -> Check:
-    if not results:
-        return Check("unit tests on cuda", "skipped", "not reached")
-    bad = [f"{path}: {result['status']}" for path, result in results.items() if result["status"] != "passed"]
-    return Check("unit tests on cuda", "failed" if bad else "passed", "; ".join(bad) or ", ".join(
-        f"{path}: {result['tests'] - result['skipped']} passed" for path, result in results.items()))
-
-
-def render(report: dict, checks: list[Check]) -> str:
-    settings, parameters = report.get("settings", {}), report.get("models", {}).get("target", {}).get("parameters", 0)
-
-    def cell(value, form: str) -> str:
-        return "-" if value is None else format(value, form)
-
-    lines = [f"gpu check on {report.get('machine', {}).get('device', '?')}: {report.get('dtype')}, target "
-             f"{parameters / 1e6:,.1f}M parameters, gamma {settings.get('gamma')}, {settings.get('prompts')} prompts "
-             f"x {settings.get('max_new_tokens')} tokens, greedy",
-             f"{'mode':<9}{'method':<13}{'tok/s':>8}{'MAL':>6}{'accept':>8}{'identical':>10}{'peak MiB':>10}"
-             f"{'NVML MiB':>10}{'J/token':>9}"]
-    for run in report.get("runs", []):
-        greedy = run.get("greedy")
-        lines.append(f"{run['mode']:<9}{run['method']:<13}{run['tokens_per_s']:>8.1f}"
-                     f"{cell(run['mean_accepted_length'], '.2f'):>6}{cell(run['acceptance_rate'], '.0%'):>8}"
-                     + (f"{greedy['identical']:>6}/{greedy['compared']:<3}" if greedy else f"{'-':>10}")
-                     + f"{cell(run['peak_memory_reserved_mb'], '.0f'):>10}{cell(run['nvml_peak_memory_mb'], '.0f'):>10}"
-                     f"{cell(run['energy_j_per_token'], '.3f'):>9}")
-    return "\n".join(lines + [f"{check.status:<8}{check.name}: {check.detail}" for check in checks])
 
 
 def write_report(report: dict, out: Path) -> Path:

@@ -13,8 +13,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benches import gpu_check
-from benches.gpu_check import NOT_ON_GPU, TINY, Check, choice_deficit, figures, judge, judge_equality
+from benches import gpu_check, gpu_models
+from benches.gpu_check import choice_deficit, figures, judge_equality
+from benches.gpu_models import TINY
+from benches.gpu_verdict import NOT_ON_GPU, Check, judge
 from specbench.core.gpus import GpuWindow, Sample
 from specbench.core.summary import NEAR_TIE_GAP
 from specbench.core.trace import StepRecord, Trace
@@ -87,7 +89,7 @@ def test_a_divergence_is_a_near_tie_only_where_the_top_two_logits_nearly_tie():
 
 
 def test_greedy_validity_finds_a_token_the_target_would_not_choose():
-    model = gpu_check.llama(TINY, 2, device=torch.device("cpu"), dtype=torch.float32)
+    model = gpu_models.llama(TINY, 2, device=torch.device("cpu"), dtype=torch.float32)
     prompt = [5, 9, 13, 22, 5, 9]
     output = generate(model, BaselineProposer(torch.device("cpu")), prompt, gamma=1, temperature=0.0,
                       max_new_tokens=12).output_ids
