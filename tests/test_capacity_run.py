@@ -35,6 +35,7 @@ model = "builtin:smollm2-135m-instruct"
 [[drafts]]
 name = "ngram"
 method = "ngram"
+url = "http://127.0.0.1:10"  # the deployment that runs it (the stand-in serves both)
 [sweep]
 gamma = [3]
 temperature = [0.0]

@@ -452,6 +452,8 @@ def test_each_gamma_is_shown_beside_what_its_drafts_largest_gamma_predicts(tiny_
     for row in rows.to_dict("records"):
         point = expected.loc[(row["draft"], row["temperature"], row["gamma"])]
         assert row["max_gamma_predicted_speedup"] == pytest.approx(point["max_gamma_predicted_speedup"])
-        assert row["error"] == pytest.approx(point["max_gamma_predicted_speedup"] / point["speedup"] - 1)
+        # the JSON keeps 4 significant digits: an error of ~0 (the largest gamma predicting itself) is noise
+        assert row["error"] == pytest.approx(point["max_gamma_predicted_speedup"] / point["speedup"] - 1, rel=1e-3,
+                                             abs=1e-6)
     markdown = report_cli(tiny_results / "tiny", "--format", "md").stdout
     assert "### Predicted from the largest gamma" in markdown and "from the largest gamma" in markdown

@@ -132,25 +132,6 @@ class Profile(Table):
                         from None
 
     @model_validator(mode="after")
-    def _attached_deployments(self) -> "Profile":
-        """With server.url (the baseline's deployment) every draft names the deployment that runs it; without, none."""
-        attached = self.server is not None and self.server.url is not None
-        for index, draft in enumerate(self.drafts):
-            if draft.url is not None and not attached:
-                raise rule("used with server.url, the baseline's running deployment: set server.url, or remove url to "
-                           "let specbench launch this draft", at=("drafts", index, "url"))
-            if draft.url is None and attached:
-                raise rule("required with server.url: the url of the running deployment that serves this draft "
-                           "(nothing is launched)", at=("drafts", index, "url"))
-            if draft.url is not None and len(self.gammas(draft)) != 1:
-                raise rule("a running deployment drafts at one gamma: set gamma = [N] to the one it runs",
-                           at=("drafts", index, "gamma"))
-            if draft.url is not None and draft.url.rstrip("/") == self.server.url.rstrip("/"):
-                raise rule("is server.url, the baseline's deployment: give the deployment that runs this draft",
-                           at=("drafts", index, "url"))
-        return self
-
-    @model_validator(mode="after")
     def _compile_on_native(self) -> "Profile":
         if self.run.compile and self.backend != "native":
             raise rule(f'compiles the native backend\'s steps; backend "{self.backend}" runs its own (remove it or '
@@ -186,6 +167,25 @@ class Profile(Table):
                     at=("drafts", index, "name"),
                 )
             seen.add(draft.name)
+        return self
+
+    @model_validator(mode="after")
+    def _attached_deployments(self) -> "Profile":
+        """With server.url (the baseline's deployment) every draft names the deployment that runs it; without, none."""
+        attached = self.server is not None and self.server.url is not None
+        for index, draft in enumerate(self.drafts):
+            if draft.url is not None and not attached:
+                raise rule("used with server.url, the baseline's running deployment: set server.url, or remove url to "
+                           "let specbench launch this draft", at=("drafts", index, "url"))
+            if draft.url is None and attached:
+                raise rule("required with server.url: the url of the running deployment that serves this draft "
+                           "(nothing is launched)", at=("drafts", index, "url"))
+            if draft.url is not None and len(self.gammas(draft)) != 1:
+                raise rule("a running deployment drafts at one gamma: set gamma = [N] to the one it runs",
+                           at=("drafts", index, "gamma"))
+            if draft.url is not None and draft.url.rstrip("/") == self.server.url.rstrip("/"):
+                raise rule("is server.url, the baseline's deployment: give the deployment that runs this draft",
+                           at=("drafts", index, "url"))
         return self
 
     def __eq__(self, other: object) -> bool:
