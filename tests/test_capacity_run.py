@@ -183,8 +183,13 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
             assert row["request_rate"] == probe["load"] and row["n_requests"] == probe["n_requests"] == 16
             assert row["goodput"] == pytest.approx(probe["goodput"])
             assert row["usd_per_mtok"] == pytest.approx(3.6 / (3600 * row["tokens_per_s"]) * 1e6)
-        top = points.loc[entry["probes"][[p["load"] for p in entry["probes"]].index(entry["capacity"])]["point_id"]]
-        assert entry["usd_per_mtok_at_capacity"] == pytest.approx(top["usd_per_mtok"])
+        top = entry["probes"][[p["load"] for p in entry["probes"]].index(entry["capacity"])]
+        # a replica serving at capacity: its rate times what a request yields, not the probe's own tokens/s (which
+        # divides by the drain after the last arrival too)
+        assert top["output_tokens"] == points.loc[top["point_id"], "output_tokens"]
+        assert entry["usd_per_mtok_at_capacity"] == pytest.approx(
+            3.6 / (3600 * entry["capacity"] * top["output_tokens"] / top["n_requests"]) * 1e6)
+        assert entry["usd_per_mtok_at_capacity"] < points.loc[top["point_id"], "usd_per_mtok"]
     assert "ngram-g3-t0-p1-r1.68" in points.index and "baseline-t0-p1-c4" in points.index
     assert ngram["usd_per_mtok_change_vs_baseline"] == pytest.approx(
         ngram["usd_per_mtok_at_capacity"] / baseline["usd_per_mtok_at_capacity"] - 1)

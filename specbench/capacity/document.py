@@ -44,6 +44,8 @@ class CapacityProbe:
     tokens_per_s: float | None = None
     usd_per_mtok: float | None = None
     completed_per_s: float | None = None
+    output_tokens: int | None = None  # of its measured requests: what a request yields at this load
+    request_throughput: float | None = None  # requests/s it completed (the concurrency axis' steady rate)
     error: str | None = None  # the point failed: it met nothing
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from specbench.core.manifest import read_manifest, write_manifest
 from specbench.capacity.document import CapacityDocument, compared, entry_from_dict, write_capacity
-from specbench.core import results, summary
+from specbench.core import cost, results, summary
 from specbench.capacity.search import (Done, Next, Probe, SearchSettings, conclude, decide, fewest_to_confirm, next_probe,
                                 probe_of)
 from specbench.core.results import PointSpec
@@ -105,7 +105,7 @@ class CapacitySearch:
             history.append(probe)
             entry["probes"].append(self._record(spec, probe, rows, settings, history, axis=axis, name=name,
                                                 reused=reused, error=error))
-        outcome = _outcome(history, settings, entry["probes"], axis)
+        outcome = _outcome(history, settings, entry["probes"], axis, usd_per_hour=self.ctx.profile.usd_per_replica_hour)
         errors = [p["error"] for p in entry["probes"]]
         if errors and all(errors):  # nothing was measured at any load: the search says why rather than a capacity
             outcome["status"] = f"failed: {errors[-1]}"
@@ -133,6 +133,7 @@ class CapacitySearch:
                 "decision": label, "next": following, "reused": reused, "duration_s": round(probe.duration_s, 2),
                 "goodput": measured.get("goodput"), "tokens_per_s": measured.get("tokens_per_s"),
                 "usd_per_mtok": measured.get("usd_per_mtok"), "completed_per_s": probe.completed_per_s,
+                "output_tokens": measured.get("output_tokens"), "request_throughput": measured.get("request_throughput"),
                 "error": error}
 
     def _name(self, spec: PointSpec) -> str:
@@ -237,8 +238,10 @@ def _empty() -> dict[str, Any]:
             "attainment_high": None, "note": None}
 
 
-def _outcome(history: list[Probe], settings: SearchSettings, probes: list[dict], axis: str) -> dict[str, Any]:
-    """The entry's capacity, bracket and attainment at each end, from the probes so far."""
+def _outcome(history: list[Probe], settings: SearchSettings, probes: list[dict], axis: str, *,
+             usd_per_hour: float | None = None) -> dict[str, Any]:
+    """The entry's capacity, bracket and attainment at each end, from the probes so far, and what 1M output tokens
+    cost at capacity (`usd_per_mtok_at_capacity`)."""
     if not history:
         return {**_empty(), "status": "not bracketed: no probe was decided"}
     outcome = conclude(history, settings, unit="rate" if axis == "request_rate" else "concurrency")
@@ -255,7 +258,21 @@ def _outcome(history: list[Probe], settings: SearchSettings, probes: list[dict],
             "bracket_low": outcome.passing.load if outcome.passing else None,
             "bracket_high": outcome.failing.load if outcome.failing else None,
             "attainment_low": attainment(outcome.passing), "attainment_high": attainment(outcome.failing),
-            "note": outcome.note, "usd_per_mtok_at_capacity": passing.get("usd_per_mtok") if passing else None}
+            "note": outcome.note, "usd_per_mtok_at_capacity": cost_at_capacity(passing, outcome.capacity, axis=axis,
+                                                                               usd_per_hour=usd_per_hour)}
+
+
+def cost_at_capacity(passing: dict | None, capacity: float | None, *, axis: str, usd_per_hour: float | None) -> float | None:
+    """$ per 1M output tokens when a replica serves at capacity: price / (3600 x requests/s x output tokens per
+    request) x 1e6, the requests/s being the capacity itself on the request-rate axis (the rate it holds in steady
+    state) and the passing probe's completed requests/s at a concurrency. Not the probe's tokens/s: that divides by
+    its schedule plus the drain after its last arrival, and read ~22 % too high on vLLM CPU."""
+    if passing is None or capacity is None or not passing.get("n_requests") or passing.get("output_tokens") is None:
+        return None
+    rate = capacity if axis == "request_rate" else passing.get("request_throughput")
+    if rate is None:
+        return None
+    return cost.usd_per_mtok(usd_per_hour, rate * passing["output_tokens"] / passing["n_requests"])
 
 
 def capacity_document(entries: list[dict[str, Any]], *, slo: dict[str, float], spec, profile) -> CapacityDocument:

@@ -157,7 +157,8 @@ def _recommendation(plan: Plan, group, rows: list[dict[str, Any]], *, engines: d
                    f"the best configuration ({chosen['point_id']}) is not measurably faster than the baseline "
                    f"(speedup {_ratio(chosen['speedup'])}, 95% CI {_ratio(chosen['speedup_ci_low'])}-"
                    f"{_ratio(chosen['speedup_ci_high'])})"),
-        "usd_per_mtok": chosen.get("usd_per_mtok"),
+        # at capacity where a search ran (a replica serving at the rate it holds), else at the point's throughput
+        "usd_per_mtok": capacity["usd_per_mtok_at_capacity"] if capacity else chosen.get("usd_per_mtok"),
         **({"capacity": capacity} if capacity else {}),
     })
     if front:
