@@ -1,0 +1,188 @@
+"""Capacity as an estimate with an interval, from every request of every probe of one configuration's search.
+
+The bisection of `specbench.capacity.search` decides where to probe; this module says what the probes, all of them
+pooled, put the capacity at and how sure that is. Attainment is fitted against load as a non-increasing step function
+(weighted pool-adjacent-violators: more load never helps), and the capacity is where the fit crosses the target,
+interpolated in log load between the last load at or above the target and the first below it. The interval is a
+moving-block bootstrap: within each probe, blocks of neighbouring requests (in the order they arrived, so requests
+that shared a queue stay together) are resampled, the fit and the crossing redone; its percentiles are the interval.
+A curve flat near the target gives a wide interval: the estimate is then flagged ill-conditioned, however many
+probes passed or failed.
+
+Two configurations are compared by the ratio of their capacities, with an interval from theirs (log-normal: the
+half-widths of the two log intervals add in quadrature, conservative where the two searches shared their arrival
+draws). `compare` is the one rule for "measurably higher": the whole interval of the gain above zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+ESTIMATED = "estimated"
+BELOW = "below the lowest load probed"  # the fit misses the target at every load: no capacity
+ABOVE = "above the highest load probed"  # the fit meets it at every load: the highest is a lower bound
+
+
+@dataclass(frozen=True)
+class ProbeRequests:
+    """One probe's requests in arrival order: whether each met every SLO limit."""
+
+    load: float
+    met: np.ndarray  # [n] bool
+
+
+@dataclass(frozen=True)
+class CapacityEstimate:
+    capacity: float | None  # where the fitted attainment crosses the target (None: below the lowest load probed)
+    ci_low: float | None  # None where the interval reaches below the lowest load probed
+    ci_high: float | None  # None where it reaches above the highest
+    confidence: float
+    status: str  # ESTIMATED, BELOW or ABOVE
+    ill_conditioned: bool  # the interval is wider than `max_half_width` either side, or open at an end
+    note: str | None
+    curve: tuple[tuple[float, int, float], ...]  # (load, requests, fitted attainment) per load probed
+
+    @property
+    def half_width(self) -> float | None:
+        """Half the interval as a fraction of the estimate (0.1: ±10 %); None where it is open or there is none."""
+        if self.capacity is None or self.ci_low is None or self.ci_high is None or self.capacity <= 0:
+            return None
+        return (self.ci_high - self.ci_low) / (2 * self.capacity)
+
+
+def pooled(probes: Sequence[ProbeRequests]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(loads ascending, requests met, requests sent) with the probes at one load pooled."""
+    loads = np.array(sorted({float(p.load) for p in probes}))
+    met = np.zeros(len(loads))
+    sent = np.zeros(len(loads))
+    for probe in probes:
+        at = np.searchsorted(loads, float(probe.load))
+        met[at] += np.count_nonzero(probe.met)
+        sent[at] += len(probe.met)
+    return loads, met, sent
+
+
+def fit_attainment(met: np.ndarray, sent: np.ndarray) -> np.ndarray:
+    """The non-increasing attainment closest to met / sent in the least squares weighted by `sent` (loads in
+    ascending order): pool adjacent violators, each block's value its pooled share."""
+    values: list[float] = []
+    weights: list[float] = []
+    sizes: list[int] = []
+    for m, n in zip(met, sent):
+        values.append(m / n if n else 0.0)
+        weights.append(float(n))
+        sizes.append(1)
+        while len(values) > 1 and values[-2] < values[-1]:  # a rise with load: pool the two blocks
+            w = weights[-2] + weights[-1]
+            v = (values[-2] * weights[-2] + values[-1] * weights[-1]) / w if w else 0.0
+            s = sizes[-2] + sizes[-1]
+            del values[-1], weights[-1], sizes[-1]
+            values[-1], weights[-1], sizes[-1] = v, w, s
+    return np.repeat(values, sizes)
+
+
+def crossing(loads: np.ndarray, fitted: np.ndarray, target: float, *, integer: bool = False) -> tuple[float | None, str]:
+    """Where the non-increasing `fitted` attainment crosses `target`: log-linear between the last load at or above it
+    and the first below (a whole number at or below that, for a concurrency), with its status."""
+    if fitted[0] < target:
+        return None, BELOW
+    if fitted[-1] >= target:
+        return float(loads[-1]), ABOVE
+    k = int(np.flatnonzero(fitted >= target)[-1])
+    share = (fitted[k] - target) / (fitted[k] - fitted[k + 1])
+    value = math.exp(math.log(loads[k]) + share * (math.log(loads[k + 1]) - math.log(loads[k])))
+    return (float(max(math.floor(value + 1e-9), loads[k])) if integer else value), ESTIMATED
+
+
+def estimate_capacity(probes: Sequence[ProbeRequests], *, target: float, confidence: float = 0.95,
+                      resamples: int = 1000, seed: int = 0, integer: bool = False,
+                      max_half_width: float = 0.15) -> CapacityEstimate | None:
+    """The capacity the probes put at `target` attainment, with a `confidence` block-bootstrap interval; None
+    without a probe that sent a request."""
+    probes = [p for p in probes if len(p.met)]
+    if not probes:
+        return None
+    loads, met, sent = pooled(probes)
+    fitted = fit_attainment(met, sent)
+    capacity, status = crossing(loads, fitted, target, integer=integer)
+    replicates = _bootstrap(probes, loads, target=target, resamples=resamples, seed=seed, integer=integer)
+    alpha = 1 - confidence
+    low = float(np.quantile(replicates, alpha / 2, method="lower"))
+    high = float(np.quantile(replicates, 1 - alpha / 2, method="higher"))
+    # an open end is None; the other end of a replicate at an open end is the load probed there
+    ci_low = None if low == -math.inf else float(loads[-1]) if low == math.inf else low
+    ci_high = None if high == math.inf else float(loads[0]) if high == -math.inf else high
+    if capacity is None:
+        ci_low = ci_high = None
+    estimate = CapacityEstimate(capacity, ci_low, ci_high, confidence, status, False, None,
+                                tuple((float(x), int(n), float(f)) for x, n, f in zip(loads, sent, fitted)))
+    note = _conditioning(estimate, target=target, max_half_width=max_half_width, integer=integer)
+    return CapacityEstimate(capacity, ci_low, ci_high, confidence, status, note is not None, note, estimate.curve)
+
+
+def _bootstrap(probes: Sequence[ProbeRequests], loads: np.ndarray, *, target: float, resamples: int, seed: int,
+               integer: bool) -> np.ndarray:
+    """[resamples] capacities, each from every probe's requests resampled in moving blocks of ~√n neighbours; -inf
+    where a replicate misses the target at every load, +inf where it meets it at every load (open ends)."""
+    rng = np.random.default_rng(seed)
+    met = np.zeros((resamples, len(loads)))
+    sent = np.zeros(len(loads))
+    for probe in probes:
+        at = np.searchsorted(loads, float(probe.load))
+        flags = np.asarray(probe.met, dtype=float)
+        n = len(flags)
+        block = max(1, math.isqrt(n))
+        starts = rng.integers(0, n - block + 1, size=(resamples, -(-n // block)))  # [R, blocks]
+        taken = (starts[:, :, None] + np.arange(block)).reshape(resamples, -1)[:, :n]  # [R, n]
+        met[:, at] += flags[taken].sum(axis=1)
+        sent[at] += n
+    values = np.empty(resamples)
+    for r in range(resamples):
+        value, status = crossing(loads, fit_attainment(met[r], sent), target, integer=integer)
+        values[r] = -math.inf if status == BELOW else math.inf if status == ABOVE else value
+    return values
+
+
+def _conditioning(estimate: CapacityEstimate, *, target: float, max_half_width: float, integer: bool) -> str | None:
+    """Why the estimate cannot be budgeted on as it stands, in words; None when its interval is narrow enough."""
+    level = f"{estimate.confidence * 100:g} %"
+    if estimate.status == BELOW:
+        return None  # nothing to condition: there is no capacity
+    if estimate.ci_low is None:
+        return f"its {level} interval reaches below the lowest load probed"
+    if estimate.ci_high is None:
+        return f"its {level} interval reaches above the highest load probed"
+    width = estimate.half_width
+    if integer and estimate.ci_high - estimate.ci_low <= 1:  # a concurrency cannot be known finer than one
+        return None
+    if width is not None and width > max_half_width:
+        return (f"ill-conditioned: the attainment curve is flat near {target:g}, the capacity is known to "
+                f"±{width * 100:.0f} % ({level} interval)")
+    return None
+
+
+# --- two configurations ------------------------------------------------------------------------------------------
+
+
+def gain_interval(capacity: float, ci: tuple[float, float], baseline: float,
+                  baseline_ci: tuple[float, float]) -> tuple[float, float, float] | None:
+    """(gain, low, high): capacity / baseline - 1 with its interval at the intervals' own confidence, the half-widths
+    of the two log intervals (z x SE each) added in quadrature; None where a capacity or an end of an interval is
+    missing or not positive."""
+    values = (capacity, *ci, baseline, *baseline_ci)
+    if any(v is None or not v > 0 for v in values):
+        return None
+    half = math.hypot(math.log(ci[1] / ci[0]) / 2, math.log(baseline_ci[1] / baseline_ci[0]) / 2)
+    centre = math.log(capacity / baseline)
+    return math.exp(centre) - 1, math.exp(centre - half) - 1, math.exp(centre + half) - 1
+
+
+def compare(low: float, high: float) -> Literal["higher", "lower", "within"]:
+    """The one rule for a measurable difference: higher when the gain's whole interval lies above zero, lower when
+    below, within otherwise."""
+    return "higher" if low > 0 else "lower" if high < 0 else "within"
