@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -43,9 +43,12 @@ class CapacityEstimate:
     ci_high: float | None  # None where it reaches above the highest
     confidence: float
     status: str  # ESTIMATED, BELOW or ABOVE
-    ill_conditioned: bool  # the interval is wider than `max_half_width` either side, or open at an end
-    note: str | None
     curve: tuple[tuple[float, int, float], ...]  # (load, requests, fitted attainment) per load probed
+    note: str | None = None  # why it is ill-conditioned: wider than `max_half_width` either side, or open at an end
+
+    @property
+    def ill_conditioned(self) -> bool:
+        return self.note is not None
 
     @property
     def half_width(self) -> float | None:
@@ -110,7 +113,7 @@ def estimate_capacity(probes: Sequence[ProbeRequests], *, target: float, confide
     loads, met, sent = pooled(probes)
     fitted = fit_attainment(met, sent)
     capacity, status = crossing(loads, fitted, target, integer=integer)
-    replicates = _bootstrap(probes, loads, target=target, resamples=resamples, seed=seed, integer=integer)
+    replicates = _bootstrap(probes, loads, sent, target=target, resamples=resamples, seed=seed, integer=integer)
     alpha = 1 - confidence
     low = float(np.quantile(replicates, alpha / 2, method="lower"))
     high = float(np.quantile(replicates, 1 - alpha / 2, method="higher"))
@@ -119,19 +122,18 @@ def estimate_capacity(probes: Sequence[ProbeRequests], *, target: float, confide
     ci_high = None if high == math.inf else float(loads[0]) if high == -math.inf else high
     if capacity is None:
         ci_low = ci_high = None
-    estimate = CapacityEstimate(capacity, ci_low, ci_high, confidence, status, False, None,
+    estimate = CapacityEstimate(capacity, ci_low, ci_high, confidence, status,
                                 tuple((float(x), int(n), float(f)) for x, n, f in zip(loads, sent, fitted)))
-    note = _conditioning(estimate, target=target, max_half_width=max_half_width, integer=integer)
-    return CapacityEstimate(capacity, ci_low, ci_high, confidence, status, note is not None, note, estimate.curve)
+    return replace(estimate, note=_conditioning(estimate, target=target, max_half_width=max_half_width,
+                                                integer=integer))
 
 
-def _bootstrap(probes: Sequence[ProbeRequests], loads: np.ndarray, *, target: float, resamples: int, seed: int,
-               integer: bool) -> np.ndarray:
+def _bootstrap(probes: Sequence[ProbeRequests], loads: np.ndarray, sent: np.ndarray, *, target: float,
+               resamples: int, seed: int, integer: bool) -> np.ndarray:
     """[resamples] capacities, each from every probe's requests resampled in moving blocks of ~√n neighbours; -inf
     where a replicate misses the target at every load, +inf where it meets it at every load (open ends)."""
     rng = np.random.default_rng(seed)
-    met = np.zeros((resamples, len(loads)))
-    sent = np.zeros(len(loads))
+    met = np.zeros((resamples, len(loads)))  # [R, loads]: requests met per replicate, `sent` as pooled
     for probe in probes:
         at = np.searchsorted(loads, float(probe.load))
         flags = np.asarray(probe.met, dtype=float)
@@ -140,7 +142,6 @@ def _bootstrap(probes: Sequence[ProbeRequests], loads: np.ndarray, *, target: fl
         starts = rng.integers(0, n - block + 1, size=(resamples, -(-n // block)))  # [R, blocks]
         taken = (starts[:, :, None] + np.arange(block)).reshape(resamples, -1)[:, :n]  # [R, n]
         met[:, at] += flags[taken].sum(axis=1)
-        sent[at] += n
     values = np.empty(resamples)
     for r in range(resamples):
         value, status = crossing(loads, fit_attainment(met[r], sent), target, integer=integer)
