@@ -188,11 +188,12 @@ endif
 		rm -rf $(SGLANG_DIR) && $(PYTHON) -m venv $(SGLANG_DIR) && $(SGLANG_DIR)/bin/python -m pip install -q $(SGLANG_SPEC); }
 	ln -sfn $(SGLANG_DIR) $@
 
-# Two invocations. First everything but the timing-sensitive tests on $(TEST_WORKERS) workers: the tests that run a real
-# engine or the real model go in order on one worker (one engine at a time, so their checks that no engine is left
-# behind hold; one thread each, as OpenMP spin-waits crawl on a shared core), the independent one-thread tests on both.
-# Then the tests marked `alone` (a rate kept, a knee found) with nothing beside them. tests/conftest.py adds both up
-# against tests/budget.toml. ARGS narrows both (a file, -k); exit 5 (nothing selected in a half) is no error.
+# Two invocations. First everything but the timing-sensitive tests on $(TEST_WORKERS) workers: the vLLM tests go in order
+# on one worker and the llama.cpp tests and the end-to-end runs on the real model in order on the other (one engine of
+# a kind at a time; each worker's checks that no engine is left behind look at its own engines; one thread each, as
+# OpenMP spin-waits crawl on a shared core), the independent one-thread tests wherever a worker is free. Then the tests
+# marked `alone` (a rate kept, a knee found) with nothing beside them. tests/conftest.py adds both up against
+# tests/budget.toml. ARGS narrows both (a file, -k); exit 5 (nothing selected in a half) is no error.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	@ledger=$$(mktemp); rc=0; \

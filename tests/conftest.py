@@ -21,8 +21,11 @@ torch.set_num_threads(1)
 
 BUDGET = Path(__file__).parent / "budget.toml"
 ENGINE_MARKERS = {"llama_cpp", "vllm", "engine"}  # tests that run a real serving engine
-ONE_AT_A_TIME = ENGINE_MARKERS | {"slow"}  # real engines and the real model: never two at once
-GROUP = "engines"  # their xdist group; xdist appends "@engines" to their test ids
+# Real engines and the real model go in order on one worker per xdist group (xdist appends "@GROUP" to their ids):
+# the vLLM tests on one, the llama.cpp tests and the end-to-end runs on the embedded model on the other, so the two
+# cores each run one engine at a time; checks that no engine is left behind look at their own worker's processes
+# (installed_engines.processes_running). The first marker in this order decides a test's group.
+GROUPS = {"vllm": "vllm", "engine": "vllm", "llama_cpp": "llama", "slow": "llama"}
 SLOWEST_SHOWN = 15
 CPU = device_name(torch.device("cpu"))
 
@@ -40,10 +43,11 @@ def pytest_collection_modifyitems(config, items):
         reason = missing_engine(markers)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
-        if markers & ONE_AT_A_TIME and "alone" not in markers:
-            # on `pytest -n 2 --dist loadgroup` one worker runs these in order, one engine at a time (vLLM computes on
-            # one core and keeps the other for its server), while the other worker runs the one-thread tests
-            item.add_marker(pytest.mark.xdist_group(GROUP))
+        group = next((GROUPS[marker] for marker in GROUPS if marker in markers), None)
+        if group is not None and "alone" not in markers:
+            # on `pytest -n 2 --dist loadgroup` one worker runs a group's tests in order, one engine at a time, while
+            # the other runs the other group's and the one-thread tests
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 # --- what the suite costs: the slowest tests, and the real-engine tests against tests/budget.toml ---------------
@@ -61,10 +65,15 @@ def _is_worker(config) -> bool:
 
 
 def pytest_runtest_logreport(report):
-    test = report.nodeid.removesuffix(f"@{GROUP}")  # one name for a test, grouped or not
+    test = _ungrouped(report.nodeid)  # one name for a test, grouped or not
     _seconds[test] += report.duration
     if report.when == "call" and ENGINE_MARKERS & set(report.keywords) and not report.skipped:
         _engine_tests.add(test)
+
+
+def _ungrouped(nodeid: str) -> str:
+    test, _, group = nodeid.rpartition("@")
+    return test if test and group in GROUPS.values() else nodeid
 
 
 def machine_budget(cpu_model: str, budget: dict) -> dict:

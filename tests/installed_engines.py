@@ -31,14 +31,27 @@ def missing_engine(markers: set[str]) -> str | None:
     return None
 
 
+WORKER = "PYTEST_XDIST_WORKER"  # set by pytest-xdist in each worker; inherited by what its tests start
+
+
 def processes_running(marker: bytes) -> set[int]:
-    """The pids of processes (other than this one) whose executable path, as started, contains `marker`."""
+    """The pids of processes (other than this one) whose executable path, as started, contains `marker` and that
+    this test worker started: `make test` runs the vLLM tests and the llama.cpp tests on two workers at once, so a
+    check that no engine is left behind looks at its own worker's engines (they inherit the worker's
+    PYTEST_XDIST_WORKER through specbench) and not at those the other worker runs meanwhile."""
+    mine = f"{WORKER}={os.environ.get(WORKER, '')}".encode()
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
-                if marker in (entry / "cmdline").read_bytes().split(b"\0")[0]:
+                if marker in (entry / "cmdline").read_bytes().split(b"\0")[0] and _worker_entry(entry) == mine:
                     pids.add(int(entry.name))
             except OSError:
                 continue
     return pids
+
+
+def _worker_entry(process: Path) -> bytes:
+    """WORKER=VALUE as the process's environment has it ("WORKER=" where it has none)."""
+    prefix = f"{WORKER}=".encode()
+    return next((item for item in (process / "environ").read_bytes().split(b"\0") if item.startswith(prefix)), prefix)

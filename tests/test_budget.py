@@ -35,22 +35,34 @@ def test_the_ledger_adds_up_the_invocations_of_one_suite(tmp_path):
     assert ledger_totals({"a": 1.0}, set(), None) == ({"a": 1.0}, set())  # no ledger: this invocation alone
 
 
-def test_the_engine_tests_go_to_one_worker_in_order(tmp_path):
-    # `make test` relies on it: with `-n 2 --dist loadgroup` every test this conftest marks as running an engine lands
-    # on one worker, so no two engines run at once (pytest 9.2 dropped the node-id field xdist 3.8 writes the group to)
+MARKS = ["vllm", "slow", "engine", "llama_cpp", "vllm", "slow", "llama_cpp", "engine"]
+GROUP_OF = {"vllm": "vllm", "engine": "vllm", "llama_cpp": "llama", "slow": "llama"}
+
+
+def test_each_engines_tests_go_to_one_worker_in_order_and_the_two_engines_to_two_workers(tmp_path):
+    # `make test` relies on it: with `-n 2 --dist loadgroup` the vLLM tests (and the `engine` ones) land on one worker,
+    # the llama.cpp tests and the real-model ones on the other, each group in order, so no two engines of a kind run at
+    # once and each core runs one (pytest 9.2 dropped the node-id field xdist 3.8 writes the group to)
     (tmp_path / "conftest.py").write_text(  # the suite's own hook, loaded under another module name
         "import importlib.util\n"
         f"spec = importlib.util.spec_from_file_location('suite_conftest', {str(Path(__file__).parent / 'conftest.py')!r})\n"
         "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
         "pytest_collection_modifyitems = suite.pytest_collection_modifyitems\n")
     (tmp_path / "test_group.py").write_text("import os, pytest\n" + "".join(
-        f"@pytest.mark.{mark}\ndef test_{i}():\n    pass\n"
-        for i, mark in enumerate(["engine", "slow", "engine", "slow", "engine", "slow"])))
+        f"@pytest.mark.{mark}\ndef test_{i}():\n    pass\n" for i, mark in enumerate(MARKS)) +
+        "def test_8():\n    pass\n")
+    # any executable stands for the engines, so that their markers do not skip the tests here
+    engines = {"SPECBENCH_LLAMA_SERVER": sys.executable, "SPECBENCH_VLLM_PYTHON": sys.executable}
     result = subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", "2", "--dist", "loadgroup", "-p",
                              "no:cacheprovider", "-o", "addopts=", "-W", "ignore::pytest.PytestUnknownMarkWarning",
                              "test_group.py"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "SPECBENCH_TEST_BUDGET": "off"})
+                            text=True, timeout=120, env={**os.environ, "SPECBENCH_TEST_BUDGET": "off", **engines})
     assert result.returncode == 0, result.stdout[-2000:]
-    ran = re.findall(r"\[(gw\d)\].*PASSED test_group.py::test_(\d)@engines", result.stdout)
-    assert sorted(int(test) for _, test in ran) == list(range(6)), result.stdout[-2000:]
-    assert len({worker for worker, _ in ran}) == 1, ran
+    ran = re.findall(r"\[(gw\d)\].*PASSED test_group.py::test_(\d)(?:@(\w+))?", result.stdout)
+    assert sorted(int(test) for _, test, _ in ran) == list(range(9)), result.stdout[-2000:]
+    assert {int(test): group for _, test, group in ran} == {**dict(enumerate(GROUP_OF[m] for m in MARKS)), 8: ""}
+    workers = {group: {worker for worker, _, g in ran if g == group} for group in ("vllm", "llama")}
+    assert all(len(found) == 1 for found in workers.values()) and workers["vllm"] != workers["llama"], ran
+    for group in workers:  # in order
+        order = [int(test) for _, test, g in ran if g == group]
+        assert order == sorted(order), ran

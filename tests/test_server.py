@@ -47,7 +47,7 @@ concurrency = [1, 4]
 [workload]
 prompts = "builtin:mixed"
 max_prompts = 4
-max_new_tokens = 24
+max_new_tokens = 16
 [run]
 repeats = 1
 warmup = 1
@@ -116,7 +116,7 @@ def test_a_server_killed_mid_point_fails_that_point_only_and_leaves_no_process(t
     (tmp_path / "llama.toml").write_text(PROFILE.replace("gamma = [3]", "gamma = [4]")
                                          .replace("temperature = [0.0, 0.8]", "temperature = [0.0]")
                                          .replace("concurrency = [1, 4]", "concurrency = [1]")
-                                         .replace("max_new_tokens = 24", "max_new_tokens = 64"))
+                                         .replace("max_new_tokens = 16", "max_new_tokens = 64"))
     before = server_pids()
     process = subprocess.Popen([sys.executable, "-m", "specbench.cli", "run", "llama.toml", "--out", "out"],
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -25,7 +25,7 @@ from test_tune_propose import small_grid
 # the server tests' llama-server profile, tuned over two gammas at one temperature and load, on 2 short prompts
 PROFILE = (SERVER_PROFILE.replace('name = "llama-tiny"', 'name = "llama-tune"').replace("gamma = [3]", "gamma = [3, 4]")
            .replace("temperature = [0.0, 0.8]", "temperature = [0.0]").replace("concurrency = [1, 4]\n", "")
-           .replace("max_prompts = 4", "max_prompts = 2").replace("max_new_tokens = 24", "max_new_tokens = 16"))
+           .replace("max_prompts = 4", "max_prompts = 2"))
 MESSAGE = ("warm start: not available with the server backend (a server's forward pass cannot be timed from "
            "outside); the search starts from TPE after the calibration points")
 

@@ -32,7 +32,7 @@ concurrency = [1, 4]
 [workload]
 prompts = "copy.jsonl"
 max_prompts = 6
-max_new_tokens = 32
+max_new_tokens = 16
 [run]
 repeats = 1
 warmup = 1
