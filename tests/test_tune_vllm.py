@@ -133,26 +133,3 @@ def test_the_exported_settings_are_what_the_verification_launched_and_measured(t
     print(json.dumps({"levels": load["levels"], "schedule": schedule, "verification": verification}, indent=1))
     assert vllm_pids() <= before  # every launch of the tune and of the verification is gone
     assert "verifying the recommendation" in output
-
-
-@needs_vllm
-def test_vllm_runs_a_gamma_schedule_as_given(tmp_path):
-    """A draft's gamma_schedule launches as vLLM's num_speculative_tokens_per_batch_size, and vLLM drafts by it:
-    gamma 3 at batch size 1, nothing from batch size 2 (by its own /metrics counters)."""
-    profile = PROFILE.replace('method = "ngram"\n', 'method = "ngram"\ngamma_schedule = [[1, 1, 3], [2, 4, 0]]\n')
-    write_profile(tmp_path, profile, "scheduled.toml")
-    result = subprocess.run([sys.executable, "-m", "specbench.cli", "run", "scheduled.toml", "--out", "out"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=1800)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    argv = manifest["server"]["launches"][-1]["argv"]
-    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
-        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 2,
-        "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 4, 0]]}
-    points = pd.read_parquet(tmp_path / "out" / "points.parquet").set_index("point_id")
-    alone, loaded = points.loc["ngram-sched-t0-p1"], points.loc["ngram-sched-t0-p1-c4"]
-    assert alone["gamma_schedule"] == "1-1:3,2-4:0" and alone["status"] == loaded["status"] == "ok"
-    per_token = {level: row["engine_draft_tokens"] / row["output_tokens"] for level, row in (("1", alone), ("4", loaded))}
-    print(per_token)
-    assert per_token["1"] > 0.2  # drafting at batch size 1
-    assert per_token["4"] < 0.5 * per_token["1"], per_token  # at concurrency 4 only the tail (requests alone) drafts
