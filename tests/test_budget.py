@@ -4,10 +4,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
-from conftest import BUDGET, ledger_totals, machine_budget, over_budget, spent
+from conftest import BUDGET, GROUPS, ledger_totals, machine_budget, over_budget, spent
+from installed_engines import WORKER, processes_running
 
 BUDGETS = tomllib.loads(BUDGET.read_text())
 
@@ -36,7 +38,6 @@ def test_the_ledger_adds_up_the_invocations_of_one_suite(tmp_path):
 
 
 MARKS = ["vllm", "slow", "engine", "llama_cpp", "vllm", "slow", "llama_cpp", "engine"]
-GROUP_OF = {"vllm": "vllm", "engine": "vllm", "llama_cpp": "llama", "slow": "llama"}
 
 
 def test_each_engines_tests_go_to_one_worker_in_order_and_the_two_engines_to_two_workers(tmp_path):
@@ -60,9 +61,25 @@ def test_each_engines_tests_go_to_one_worker_in_order_and_the_two_engines_to_two
     assert result.returncode == 0, result.stdout[-2000:]
     ran = re.findall(r"\[(gw\d)\].*PASSED test_group.py::test_(\d)(?:@(\w+))?", result.stdout)
     assert sorted(int(test) for _, test, _ in ran) == list(range(9)), result.stdout[-2000:]
-    assert {int(test): group for _, test, group in ran} == {**dict(enumerate(GROUP_OF[m] for m in MARKS)), 8: ""}
+    assert {int(test): group for _, test, group in ran} == {**dict(enumerate(GROUPS[m] for m in MARKS)), 8: ""}
     workers = {group: {worker for worker, _, g in ran if g == group} for group in ("vllm", "llama")}
     assert all(len(found) == 1 for found in workers.values()) and workers["vllm"] != workers["llama"], ran
     for group in workers:  # in order
         order = [int(test) for _, test, g in ran if g == group]
         assert order == sorted(order), ran
+
+
+def test_a_left_behind_check_sees_its_own_workers_processes_only():
+    """`make test` runs vLLM and llama.cpp tests on two workers at once: a process the other worker started (another
+    PYTEST_XDIST_WORKER in its environment) is not this worker's leftover; one this worker started is."""
+    mine, other = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                    env={**os.environ, WORKER: worker})
+                   for worker in (os.environ.get(WORKER, ""), "gw-other"))
+    try:
+        time.sleep(0.5)  # both exec'd: their environment is readable
+        running = processes_running(Path(sys.executable).name.encode())
+        assert mine.pid in running and other.pid not in running
+    finally:
+        for process in (mine, other):
+            process.kill()
+            process.wait()

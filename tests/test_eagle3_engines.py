@@ -4,7 +4,7 @@ same prompts at temperature 0. Each engine's acceptance comes from its own count
 equal each backend's baseline (llama.cpp's, reported as its numerics where they differ); no engine is left running;
 and per-position acceptance agrees across the three.
 
-Measured here (6 prompts, 48 tokens, gamma 3): native and llama.cpp accepted [16, 2, 0] at positions 1-3, request by
+Measured with the quick preset's head (6 prompts, 48 tokens, gamma 3): native and llama.cpp accepted [16, 2, 0] at positions 1-3, request by
 request the same counts; vLLM [18, 2, 0]. The difference is not numerics but a counting convention: at a request's
 last step vLLM still drafts gamma tokens and counts those it accepts past max_tokens (then drops them), where native
 and llama.cpp draft only what the budget has room for (264 vLLM drafts = native's 264 target steps; 757 drafted
