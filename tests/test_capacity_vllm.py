@@ -1,13 +1,14 @@
 """A capacity search against a real vLLM (its CPU build, made by `make engine-vllm`; skipped where it is not
 installed) on the embedded SmolLM2: `specbench run` must find a knee — a passing and a failing probe — for the
 baseline and for n-gram speculation. Every probe is a recorded rate point, and no vLLM is left behind.
-Kept short: eager vLLM (ready in ~35 s), 16-token outputs, 12 requests per probe and no repeat of an undecided one
-(its point estimate decides), an 80 % confidence, a 50 % resolution. The SLO (TTFT 4 s, TPOT 300 ms) holds several
-times over for a request alone on every machine seen here (serial TPOT ~50 ms on the Xeon, 113-115 ms and TTFT
-~0.85 s on the AMD EPYC), so the knee is where requests queue, not where one request alone misses the SLO: with
-TPOT 100 ms the EPYC's serial requests already missed it and the search probed down to a quarter of its start
-before it could say so; with TTFT 2 s its knee lay near 0.2-0.4 requests/s, where a probe of 12 requests takes a
-minute.
+Kept short: eager vLLM in one process (ready in ~35 s), the shortest prompts of builtin:mixed (43-81 tokens) and
+8-token outputs, 12 requests per probe and no repeat of an undecided one (its point estimate decides), an 80 %
+confidence, a 50 % resolution. The SLO (TTFT 4 s, TPOT 300 ms) holds several times over for a request alone on every
+machine seen here (serial TPOT ~50 ms on the Xeon, 113-115 ms and TTFT ~0.85 s on the AMD EPYC with 16 tokens of
+the longer prompts), so the knee is where requests queue, not where one request alone misses the SLO: with TPOT
+100 ms the EPYC's serial requests already missed it and the search probed down to a quarter of its start before it
+could say so. With 16 tokens of every category the knee lay near 0.36-0.51 requests/s on the EPYC (414 s for the
+test); with these requests at 2.6 requests/s for the baseline and 0.89 for n-gram (200 s).
 
 How close two runs' capacities land is a property of the machine's timing, so it is measured by `make
 bench-capacity`, not asserted here: with the SLO's TPOT limit (100 ms) within 20 % of the serial TPOT, two runs
@@ -40,8 +41,9 @@ gamma = [3]
 temperature = [0.0]
 [workload]
 prompts = "builtin:mixed"
+categories = ["qa", "translation", "code", "math"]
 max_prompts = 8
-max_new_tokens = 16
+max_new_tokens = 8
 [slo]
 ttft_ms = 4000
 tpot_ms = 300

