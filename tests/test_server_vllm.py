@@ -5,8 +5,11 @@ equal to the baseline's at concurrency 1, a gamma per batch size launched and dr
 configuration and no vLLM process left behind. vLLM
 runs eagerly (--enforce-eager: ready in ~35 s rather than ~95 s of start-up compilation) and in one process beside
 its API server (VLLM_ENABLE_V1_MULTIPROCESSING=0: on CPU vLLM otherwise spawns a worker for its model runner; on the
-2-core AMD EPYC a launch was ready in 35 s instead of 51 and decoded at 89 instead of 118 ms per token, and this
-module took 433 s instead of 546)."""
+2-core AMD EPYC a launch was ready in 35 s instead of 51, and this module took 433 s alone instead of 546), with one
+numba thread (NUMBA_NUM_THREADS=1): in that one process vLLM's n-gram proposer runs numba's thread pool, and with
+the other core busy (the other test worker) it crawled: TPOT 732 ms against 86 in the default processes, the
+baseline unchanged (~100 ms); with one numba thread 98 ms, and a two-launch n-gram sweep took 135 s against 159 in
+the default processes and 227 without the limit (measured side by side beside a one-thread busy loop)."""
 
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ engine = "vllm"
 binary = "{VLLM_PYTHON}"
 ready_timeout_s = 900
 extra_args = ["--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "{max_num_seqs}", "--enforce-eager"]
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1", VLLM_ENABLE_V1_MULTIPROCESSING = "0" }}
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1", VLLM_ENABLE_V1_MULTIPROCESSING = "0", NUMBA_NUM_THREADS = "1" }}
 [target]
 model = "builtin:smollm2-135m-instruct"
 """
