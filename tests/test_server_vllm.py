@@ -5,7 +5,8 @@ equal to the baseline's at concurrency 1, a gamma per batch size launched and dr
 configuration and no vLLM process left behind. vLLM
 runs eagerly (--enforce-eager: ready in ~35 s rather than ~95 s of start-up compilation) and in one process beside
 its API server (VLLM_ENABLE_V1_MULTIPROCESSING=0: on CPU vLLM otherwise spawns a worker for its model runner; on the
-2-core AMD EPYC a launch was ready in 35 s instead of 51, and this module took 433 s alone instead of 546), with one
+2-core AMD EPYC a launch was ready in 35 s instead of 51, and this module took 433 s alone instead of 546; 386 s with
+the numba limit below), with one
 numba thread (NUMBA_NUM_THREADS=1): in that one process vLLM's n-gram proposer runs numba's thread pool, and with
 the other core busy (the other test worker) it crawled: TPOT 732 ms against 86 in the default processes, the
 baseline unchanged (~100 ms); with one numba thread 98 ms, and a two-launch n-gram sweep took 135 s against 159 in
