@@ -2,7 +2,8 @@
 machine. A capacity is a timing-derived figure, so how repeatable it is is measured here, not asserted in a test.
 
 Each run is `specbench run PROFILE --fresh` into its own folder, one after another. Printed per configuration:
-each run's capacity and bracket, and the largest over the smallest capacity; per run, the baseline's TPOT one
+each run's capacity with its interval and bracket, the largest over the smallest capacity and whether each lies
+inside the others' intervals; per run, the baseline's TPOT one
 request at a time (p50) — the machine's speed during that run: where an SLO limit lies close to it, the capacity
 moves with the machine rather than with the configuration.
 
@@ -67,11 +68,26 @@ def main(argv: list[str] | None = None) -> None:
         found = [next((e for e in run["configurations"] if (e["configuration"], e["axis"]) == (name, axis)), None)
                  for run in runs]
         cells = ["-" if e is None or e["capacity"] is None else
-                 f"{e['capacity']:g} [{e['bracket_low']:g}, {e['bracket_high'] if e['bracket_high'] is not None else '-'}]"
-                 for e in found]
+                 f"{e['capacity']:.3g} [{_end(e.get('capacity_low'))}, {_end(e.get('capacity_high'))}] (bracket "
+                 f"[{_end(e['bracket_low'])}, {_end(e['bracket_high'])}])" for e in found]
         capacities = [e["capacity"] for e in found if e is not None and e["capacity"]]
         spread = f"; largest / smallest {max(capacities) / min(capacities):.2f}" if len(capacities) > 1 else ""
-        print(f"{name} ({axis}): " + "; ".join(cells) + spread)
+        print(f"{name} ({axis}): " + "; ".join(cells) + spread + _agreement(found))
+
+
+def _end(value) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _agreement(found: list) -> str:
+    """Whether each run's capacity lies inside every other run's interval (what the issue's two runs must show)."""
+    closed = [e for e in found if e is not None and e["capacity"] is not None
+              and e.get("capacity_low") is not None and e.get("capacity_high") is not None]
+    if len(closed) < 2:
+        return ""
+    inside = all(other["capacity_low"] <= e["capacity"] <= other["capacity_high"]
+                 for e in closed for other in closed if other is not e)
+    return "; each inside the others' intervals" if inside else "; NOT each inside the others' intervals"
 
 
 if __name__ == "__main__":

@@ -210,6 +210,16 @@ def test_a_request_meets_the_slo_when_every_limit_holds_and_a_failed_request_nev
     assert met_slo(rows.assign(error=""), {"ttft_ms": 500}).tolist() == [True, False, True, True, True]
 
 
+def test_a_request_sent_late_counts_its_ttft_and_end_to_end_from_its_scheduled_arrival():
+    # the client sent the second request 450 ms after its arrival: the user waited 100 + 450 ms for the first token
+    rows = pd.DataFrame({"ttft_ms": [100.0, 100.0, 100.0], "e2e_ms": [900.0, 900.0, 900.0],
+                         "tpot_ms": [10.0, 10.0, 10.0], "send_lateness_ms": [0.0, 450.0, -3.0]})
+    assert met_slo(rows, {"ttft_ms": 500}).tolist() == [True, False, True]  # sent early: no credit
+    assert met_slo(rows, {"e2e_ms": 1000}).tolist() == [True, False, True]
+    assert met_slo(rows, {"tpot_ms": 20}).tolist() == [True, True, True]  # between tokens: lateness does not count
+    assert met_slo(rows.assign(send_lateness_ms=None), {"ttft_ms": 500}).tolist() == [True, True, True]  # closed loop
+
+
 def test_requests_completed_per_second_leave_the_drain_out():
     rows = pd.DataFrame({"start_ms": [0.0, 1000.0, 2000.0, 3000.0], "e2e_ms": [5000.0, 5000.0, 5000.0, 5000.0]})
     assert completed_per_s(rows) == pytest.approx(1.0)  # finishes 1 s apart: what arrived, not 4 / 8 s

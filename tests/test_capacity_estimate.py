@@ -111,3 +111,19 @@ def test_the_gain_interval_combines_both_intervals_and_one_rule_decides():
     assert compare(*gain_interval(1.05, (0.95, 1.15), 1.0, (0.9, 1.1))[1:]) == "within"
     assert compare(*gain_interval(0.5, (0.45, 0.55), 1.0, (0.9, 1.1))[1:]) == "lower"
     assert gain_interval(2.0, (None, 2.2), 1.0, (0.9, 1.1)) is None
+
+
+def test_a_step_between_two_probes_is_known_only_to_lie_between_them():
+    # every request met the SLO at 1.3 and none at 1.41: no resample moves the crossing, but the probes cannot place
+    # it closer than the two loads
+    step = [ProbeRequests(1.0, np.ones(16, bool)), ProbeRequests(1.3, np.ones(16, bool)),
+            ProbeRequests(1.41, np.zeros(16, bool)), ProbeRequests(2.0, np.zeros(16, bool))]
+    estimate = estimate_capacity(step, target=0.8, seed=0)
+    assert estimate.status == ESTIMATED and 1.3 < estimate.capacity < 1.41
+    assert (estimate.ci_low, estimate.ci_high) == (1.3, 1.41) and estimate.note is None
+    # a concurrency: the highest whole number below the first that failed
+    closed = estimate_capacity([ProbeRequests(4.0, np.ones(16, bool)), ProbeRequests(8.0, np.zeros(16, bool))],
+                               target=0.8, integer=True)
+    assert (closed.capacity, closed.ci_low, closed.ci_high) == (4.0, 4.0, 7.0)
+    assert closed.note == ("ill-conditioned: the loads probed either side of it are far apart, the capacity is known to ±38 % "
+                           "(95 % interval)")

@@ -166,13 +166,21 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
     for entry, truth in ((baseline, 1.3), (ngram, 1.7)):
         assert entry["status"] == "found"
         assert entry["bracket_low"] <= truth < entry["bracket_high"] <= entry["bracket_low"] * 1.1
-        assert entry["capacity"] == entry["bracket_low"] and entry["attainment_low"][0] == 1.0
+        # every request met the SLO at the bracket's low end and none at its high end: the fit crosses 0.8 a fifth
+        # of the way (in log load) from one to the other, and the probes cannot place it closer than the two loads
+        low, high = entry["bracket_low"], entry["bracket_high"]
+        assert entry["capacity"] == pytest.approx(low * (high / low) ** 0.2)
+        assert (entry["capacity_low"], entry["capacity_high"], entry["note"]) == (low, high, None)
+        assert entry["attainment_low"][0] == 1.0
         assert entry["attainment_high"][0] == 0.0 and entry["attainment_high"][2] < 0.8
         assert entry["replicas_for_traffic"] == -(-5 // entry["capacity"])
+        assert entry["replicas_range"] == [-(-5 // high), -(-5 // low)]
+        assert [tuple(point[:2]) for point in entry["curve"]] == sorted({(p["load"], p["n_requests"]) for p in entry["probes"]})
     assert [p["load"] for p in baseline["probes"]] == [1.0, 2.0, 1.41, 1.19, 1.3]
     assert [p["decision"] for p in baseline["probes"]] == ["pass", "fail", "fail", "pass", "pass"]
     assert ngram["gain_vs_baseline"] == pytest.approx(ngram["capacity"] / baseline["capacity"] - 1)
-    assert ngram["gain_beyond_brackets"] is True and baseline["gain_beyond_brackets"] is None  # [1.68, ..] > [.., 1.41]
+    assert ngram["gain_low"] < ngram["gain_vs_baseline"] < ngram["gain_high"]
+    assert ngram["verdict"] == "higher" and ngram["gain_low"] > 0 and baseline["verdict"] is None
     assert (found["baseline", "concurrency"]["capacity"], found["ngram γ3", "concurrency"]["capacity"]) == (3, 5)
     assert found["ngram γ3", "concurrency"]["gain_vs_baseline"] == pytest.approx(5 / 3 - 1)
 
@@ -183,7 +191,7 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
             assert row["request_rate"] == probe["load"] and row["n_requests"] == probe["n_requests"] == 16
             assert row["goodput"] == pytest.approx(probe["goodput"])
             assert row["usd_per_mtok"] == pytest.approx(3.6 / (3600 * row["tokens_per_s"]) * 1e6)
-        top = entry["probes"][[p["load"] for p in entry["probes"]].index(entry["capacity"])]
+        top = [p for p in entry["probes"] if p["load"] == entry["bracket_low"]][-1]  # the highest probe below it
         # a replica serving at capacity: its rate times what a request yields, not the probe's own tokens/s (which
         # divides by the drain after the last arrival too)
         assert top["output_tokens"] == points.loc[top["point_id"], "output_tokens"]
@@ -197,10 +205,11 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
     manifest = json.loads((folder / "out" / "manifest.json").read_text())
     assert manifest["capacity"][0]["decisions"][0] == "1: 16 requests, 16 met: pass; next 2 requests/s"
     assert "baseline: 1 requests/s: attainment 1.00 [0.81, 1.00] of 16 >= 0.8: pass; next 2 requests/s" in result.output
-    assert (f"ngram γ3 holds the SLO up to {number(ngram['capacity'])} requests/s [{number(ngram['bracket_low'])}, "
-            f"{number(ngram['bracket_high'])}] against the baseline's {number(baseline['capacity'])} "
-            f"[{number(baseline['bracket_low'])}, {number(baseline['bracket_high'])}]: "
-            f"{percent_change(ngram['gain_vs_baseline'])}, $") in result.output
+    assert (f"ngram γ3 holds the SLO up to {number(ngram['capacity'])} requests/s [{number(ngram['capacity_low'])}, "
+            f"{number(ngram['capacity_high'])}] against the baseline's {number(baseline['capacity'])} "
+            f"[{number(baseline['capacity_low'])}, {number(baseline['capacity_high'])}]: "
+            f"{percent_change(ngram['gain_vs_baseline'])} [{percent_change(ngram['gain_low'])}, "
+            f"{percent_change(ngram['gain_high'])}], measurably higher, $") in " ".join(result.output.split())
     assert "per 1M output tokens" in result.output and "replicas for 5.0 requests/s" in result.output
 
     engine.points.clear()  # the same search again: every probe is reused from the files, nothing runs
@@ -229,13 +238,16 @@ def test_a_straddling_bracket_end_is_sent_again_with_twice_the_requests(folder, 
     assert engine.sent[:7] == [4, 16, 16, 16, 16, 16, 32]  # the serial point (every prompt once), then the probes
     points = pd.read_parquet(folder / "out" / "points.parquet").set_index("point_id")
     assert points.loc["baseline-t0-p1-r1.3", "n_requests"] == 32  # the larger sample replaced the smaller
-    entry = document["configurations"][0]
-    assert (entry["capacity"], entry["bracket_high"], entry["note"]) == (1.3, 1.41, None)
+    entry = document["configurations"][0]  # the fit: 1.0 at 1.3 (all 32 of the larger sample), 0.0 at 1.41
+    assert (entry["capacity"], entry["bracket_high"], entry["note"]) == (pytest.approx(1.3 * (1.41 / 1.3) ** 0.1), 1.41,
+                                                                         None)
+    assert entry["curve"][2] == [1.3, 32, 1.0]  # the load's requests are those of its last probe (the files' point)
     assert entry["attainment_low"][:2] == [1.0, pytest.approx(32 / (32 + 1.959964**2))]
 
 
 def test_a_configuration_that_misses_the_slo_at_its_lowest_rate_is_recorded_and_exits_1(folder, monkeypatch):
-    engine = StandIn({"baseline": 1.3, "ngram": 0.0}, {"baseline": 3, "ngram": 0})
+    # one request at a time meets the SLO (concurrency 1 holds it), every rate misses it
+    engine = StandIn({"baseline": 1.3, "ngram": 0.0}, {"baseline": 3, "ngram": 1})
     result = run(monkeypatch, engine)
     assert result.exit_code == 1, result.output
     found = {(e["configuration"], e["axis"]): e
@@ -244,10 +256,28 @@ def test_a_configuration_that_misses_the_slo_at_its_lowest_rate_is_recorded_and_
     assert entry["status"] == "not bracketed: misses the SLO at its lowest rate 0.25"
     assert [p["load"] for p in entry["probes"]] == [1.0, 0.5, 0.25]
     assert entry["capacity"] is None and entry["gain_vs_baseline"] is None and entry["bracket_high"] == 0.25
-    assert found["ngram γ3", "concurrency"]["status"] == "not bracketed: misses the SLO at its lowest concurrency 1"
+    assert found["ngram γ3", "concurrency"]["capacity"] == 1
     assert found["baseline", "request_rate"]["status"] == "found"
     assert ("ngram γ3: no request-rate capacity found (not bracketed: misses the SLO at its lowest rate 0.25)"
             in result.output)
+
+
+def test_a_configuration_whose_requests_alone_miss_the_slo_is_not_searched(folder, monkeypatch):
+    engine = StandIn({"baseline": 1.3, "ngram": 0.0}, {"baseline": 3, "ngram": 0})
+    result = run(monkeypatch, engine)
+    assert result.exit_code == 1, result.output
+    found = {(e["configuration"], e["axis"]): e
+             for e in json.loads((folder / "out" / "capacity.json").read_text())["configurations"]}
+    entry = found["ngram γ3", "request_rate"]
+    # TTFT 5 s one request at a time against a 1 s limit: no rate can do better, so no rate is probed
+    reason = "one request at a time already misses it (ttft_ms p50 5000 > 1000, 4 requests)"
+    assert (entry["status"], entry["probes"], entry["capacity"]) == (f"not bracketed: {reason}", [], None)
+    assert "ngram-g3-t0-p1-r1" not in engine.points
+    assert f"ngram γ3: {reason}: no rate can hold the SLO, the search stops" in " ".join(result.output.split())
+    assert f"ngram γ3: no request-rate capacity found (not bracketed: {reason})" in " ".join(result.output.split())
+    # the closed loop is searched as before: concurrency 1 is its lowest
+    assert found["ngram γ3", "concurrency"]["status"] == "not bracketed: misses the SLO at its lowest concurrency 1"
+    assert found["baseline", "request_rate"]["status"] == "found"
 
 
 def test_a_probe_whose_point_fails_is_a_failing_probe_and_a_search_with_nothing_measured_fails(folder, monkeypatch):
@@ -300,27 +330,30 @@ def test_a_price_from_the_command_line_is_checked_like_the_profiles(folder):
     assert not (folder / "out").exists()
 
 
-def test_the_headline_says_when_a_gain_lies_within_the_brackets():
+def test_the_headline_says_when_a_gain_is_not_measurable():
     from specbench.capacity.document import document_from_dict
     from specbench.ui.run import capacity_lines
 
-    def entry(name, method, low, high, beyond=None, gain=None):
+    def entry(name, method, capacity, low, high, gain=None, gain_low=None, gain_high=None, verdict=None):
         return {"configuration": name, "method": method, "axis": "request_rate", "temperature": 0.0, "top_p": 1.0,
-                "status": "found", "capacity": low, "bracket_low": low, "bracket_high": high, "gain_vs_baseline": gain,
-                "gain_beyond_brackets": beyond, "usd_per_mtok_at_capacity": 0.58 if method == "baseline" else 0.547,
+                "status": "found", "capacity": capacity, "capacity_low": low, "capacity_high": high,
+                "bracket_low": low, "bracket_high": high, "gain_vs_baseline": gain, "gain_low": gain_low,
+                "gain_high": gain_high, "verdict": verdict,
+                "usd_per_mtok_at_capacity": 0.58 if method == "baseline" else 0.547,
                 "usd_per_mtok_change_vs_baseline": None if method == "baseline" else -0.057,
-                "replicas_for_traffic": 8, "note": None}
+                "replicas_for_traffic": 8, "replicas_range": [7, 8], "note": None}
 
     document = document_from_dict({
-        "target_attainment": 0.9, "slo": {"ttft_ms": 1000.0, "tpot_ms": 100.0}, "traffic_rps": 10.0, "usd_per_hour": 2.0,
-        "configurations": [entry("baseline", "baseline", 1.32, 1.44),
-                           entry("ngram γ3", "ngram", 1.4, 1.54, beyond=False, gain=0.0606)]})
+        "version": 2, "target_attainment": 0.9, "slo": {"ttft_ms": 1000.0, "tpot_ms": 100.0}, "traffic_rps": 10.0,
+        "usd_per_hour": 2.0, "confidence": 0.95,
+        "configurations": [entry("baseline", "baseline", 1.35, 1.32, 1.44),
+                           entry("ngram γ3", "ngram", 1.43, 1.4, 1.54, 0.0593, -0.05, 0.18, "within")]})
     assert capacity_lines(document) == [
-        "capacity: the highest load at which 90% of requests meet ttft_ms <= 1000, tpot_ms <= 100 [bracket: highest "
-        "passing probe, lowest failing one]",
+        "capacity: the highest load at which 90% of requests meet ttft_ms <= 1000, tpot_ms <= 100, fitted to every "
+        "probe [95% interval]",
         "temperature 0",
-        "  baseline holds the SLO up to 1.32 requests/s [1.32, 1.44]: $0.58 per 1M output tokens at capacity; 8 "
-        "replicas for 10.0 requests/s",
-        "  ngram γ3 holds the SLO up to 1.4 requests/s [1.4, 1.54] against the baseline's 1.32 [1.32, 1.44]: +6 % "
-        "(within the brackets: not measurably different), $0.58 → $0.55 per 1M output tokens (-6 %); 8 replicas for "
-        "10.0 requests/s against 8"]
+        "  baseline holds the SLO up to 1.35 requests/s [1.32, 1.44]: $0.58 per 1M output tokens at capacity; 8 "
+        "(7-8) replicas for 10.0 requests/s",
+        "  ngram γ3 holds the SLO up to 1.43 requests/s [1.4, 1.54] against the baseline's 1.35 [1.32, 1.44]: +6 % "
+        "[-5 %, +18 %], not measurably different, $0.58 → $0.55 per 1M output tokens (-6 %); 8 (7-8) replicas for "
+        "10.0 requests/s against 8 (7-8)"]

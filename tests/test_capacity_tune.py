@@ -31,14 +31,19 @@ def test_a_capacity_tune_recommends_the_configuration_that_holds_the_slo_at_the_
     assert capacity["status"] == capacity["baseline_status"] == "found"
     assert capacity["bracket"][0] <= 1.7 < capacity["bracket"][1] and capacity["capacity_rps"] == choice["objective_value"]
     assert capacity["baseline_bracket"][0] <= 1.3 < capacity["baseline_bracket"][1]
+    assert capacity["interval"] == capacity["bracket"] and capacity["baseline_interval"] == capacity["baseline_bracket"]
+    assert capacity["gain_interval"][0] > 0 and capacity["verdict"] == "higher"  # the one rule: the gain's interval
     assert capacity["gain_vs_baseline"] == pytest.approx(capacity["capacity_rps"] / capacity["baseline_capacity_rps"] - 1)
     assert capacity["measurably_higher"] and capacity["replicas_for_traffic"] == 3 and capacity["traffic_rps"] == 5.0
     assert capacity["usd_per_mtok_change_vs_baseline"] == pytest.approx(
         capacity["usd_per_mtok_at_capacity"] / capacity["baseline_usd_per_mtok_at_capacity"] - 1)
     trials = pd.read_parquet(tmp_path / "tuned" / "trials.parquet")
-    assert dict(zip(trials["point_id"], trials["value"])) == {  # each the highest passing probe of its search
-        "ngram-n3-g3-t0-p1": 1.41, "ngram-n2-g3-t0-p1": 1.68, "ngram-n1-g3-t0-p1": 1.09}
-    assert list(trials["noise"].round(2)) == [0.13, 0.15, 0.10]  # the bracket's width: near-ties within it
+    # each the estimate of its search: where the fit crosses 0.8, a fifth of the way (in log load) from its bracket's
+    # passing load (every request met the SLO) to its failing one (none did)
+    assert dict(zip(trials["point_id"], trials["value"])) == pytest.approx({
+        "ngram-n3-g3-t0-p1": 1.41 * (1.54 / 1.41) ** 0.2, "ngram-n2-g3-t0-p1": 1.68 * (1.83 / 1.68) ** 0.2,
+        "ngram-n1-g3-t0-p1": 1.09 * (1.19 / 1.09) ** 0.2})
+    assert list(trials["noise"].round(3)) == [0.065, 0.075, 0.05]  # half the interval: near-ties within it
     assert choice["usd_per_mtok"] == capacity["usd_per_mtok_at_capacity"]
     points = pd.read_parquet(tmp_path / "tuned" / "points.parquet")
     assert {"ngram-n2-g3-t0-p1-r1.68", "baseline-t0-p1-r1.3"} <= set(points["point_id"])  # every probe recorded
@@ -60,16 +65,19 @@ def test_the_recommendation_panel_says_the_capacity_and_cost_beside_the_baseline
     from specbench.tune.document import Recommendation
     from specbench.ui.tune import recommendation_panel
 
-    capacity = {"capacity_rps": 1.68, "bracket": [1.68, 1.83], "status": "found", "baseline_capacity_rps": 1.3,
-                "baseline_bracket": [1.3, 1.41], "baseline_status": "found", "gain_vs_baseline": 0.2923,
+    capacity = {"capacity_rps": 1.71, "interval": [1.68, 1.83], "bracket": [1.68, 1.83], "status": "found",
+                "baseline_capacity_rps": 1.32, "baseline_interval": [1.3, 1.41], "baseline_bracket": [1.3, 1.41],
+                "baseline_status": "found", "gain_vs_baseline": 0.2955, "gain_interval": [0.2, 0.4],
+                "verdict": "higher", "replicas_range": [3, 3], "baseline_replicas_range": [4, 4],
                 "usd_per_mtok_at_capacity": 12.93, "baseline_usd_per_mtok_at_capacity": 16.33,
                 "replicas_for_traffic": 3, "baseline_replicas_for_traffic": 4, "traffic_rps": 5.0, "usd_per_hour": 2.5}
     choice = {"temperature": 0.0, "top_p": 1.0, "speculate": True, "point_id": "ngram-n2-g3-t0-p1", "speedup": None,
               "speedup_ci": [None, None], "tokens_per_s": 77.4, "acceptance_rate": None, "peak_memory_mb": None,
               "engine_settings": {"vllm": {"args": []}, "llama_cpp": {}}, "capacity": capacity, "evaluations": 3,
               "trials": 3}
-    console = Console(width=200, record=True)
+    console = Console(width=300, record=True)  # the sentence on one line of the panel
     console.print(recommendation_panel(Recommendation(objective={"name": "capacity"}, temperatures=[choice], space_size=3)))
-    assert ("ngram-n2-g3-t0-p1 holds the SLO up to 1.68 requests/s [1.68, 1.83] against the baseline's 1.3 [1.3, 1.41]: "
-            "+29 %, $16.33 → $12.93 per 1M output tokens; 3 replicas for 5.0 requests/s against 4"
+    assert ("ngram-n2-g3-t0-p1 holds the SLO up to 1.71 requests/s [1.68, 1.83] against the baseline's 1.32 [1.3, "
+            "1.41]: +30 % [+20 %, +40 %], measurably higher, $16.33 → $12.93 per 1M output tokens; 3 replicas for 5.0 "
+            "requests/s against 4"
             ) in " ".join(console.export_text().split())

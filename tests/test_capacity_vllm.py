@@ -87,9 +87,17 @@ def test_the_search_finds_a_knee_for_the_baseline_and_n_gram(run):
         decisions = {p["load"]: p["decision"] for p in entry["probes"]}
         assert decisions[entry["bracket_low"]].startswith("pass")  # the knee: a passing and a failing probe
         assert decisions[entry["bracket_high"]].startswith("fail")
+        # the capacity fitted to every probe, inside its interval (open at an end where resamples met or missed the
+        # target at every load: the note says so)
+        low, high = entry["capacity_low"], entry["capacity_high"]
+        assert (low is None or low <= entry["capacity"]) and (high is None or entry["capacity"] <= high)
+        assert (low is not None and high is not None) or "interval reaches" in entry["note"]
+        assert sorted({p["load"] for p in entry["probes"]}) == [point[0] for point in entry["curve"]]
         assert entry["usd_per_mtok_at_capacity"] > 0
-    assert found["ngram γ3"]["gain_vs_baseline"] == pytest.approx(
-        found["ngram γ3"]["capacity"] / found["baseline"]["capacity"] - 1)
+    ngram = found["ngram γ3"]
+    assert ngram["gain_vs_baseline"] == pytest.approx(ngram["capacity"] / found["baseline"]["capacity"] - 1)
+    assert ngram["gain_low"] <= ngram["gain_vs_baseline"] <= ngram["gain_high"]
+    assert ngram["verdict"] == ("higher" if ngram["gain_low"] > 0 else "lower" if ngram["gain_high"] < 0 else "within")
     points = pd.read_parquet(out / "points.parquet").set_index("point_id")
     for entry in found.values():  # every probe is a recorded rate point
         for probe in entry["probes"]:
@@ -100,7 +108,8 @@ def test_the_search_finds_a_knee_for_the_baseline_and_n_gram(run):
     assert [c["configuration"] for c in manifest["capacity"]] == ["baseline", "ngram γ3"]
     assert "holds the SLO up to" in result.stdout and "per 1M output tokens" in result.stdout
     print(f"{out} ({wall_s:.0f} s): " + "; ".join(
-        f"{e['configuration']} {e['capacity']:g} [{e['bracket_low']:g}, {e['bracket_high']:g}] in "
+        f"{e['configuration']} {e['capacity']:.3g} [{e['capacity_low']}, {e['capacity_high']}] (bracket "
+        f"[{e['bracket_low']:g}, {e['bracket_high']:g}]) in "
         f"{len(e['probes'])} probes" for e in found.values()), file=sys.stderr)
 
 

@@ -71,6 +71,28 @@ def test_a_rate_level_draws_prompts_in_a_seeded_order_with_replacement_past_the_
                                                                 (session.prompts[1].prompt_id, 0)]
 
 
+def test_each_rate_level_draws_its_own_prompts_and_arrivals_the_same_for_every_configuration():
+    from specbench.backends.server.measure import draw_seed
+
+    session = session_of(10)
+    baseline, ngram = (PointSpec.baseline(0.0, 1.0, request_rate=1.3),
+                       PointSpec(point_id("d", 2, 0.0, 1.0, request_rate=1.3), "ngram", "d", 2, 0.0, 1.0,
+                                 request_rate=1.3))
+    assert draw_seed(5, baseline, 10) == draw_seed(5, ngram, 10)  # common random numbers across configurations
+    assert request_plan(session, baseline) == request_plan(session, ngram)
+    other = PointSpec.baseline(0.0, 1.0, request_rate=1.41)
+    assert len({draw_seed(5, baseline, 10), draw_seed(5, other, 10), draw_seed(5, baseline, 20),
+                draw_seed(6, baseline, 10)}) == 4
+    assert request_plan(session, baseline) != request_plan(session, other)
+    # a level sent again with twice the requests: a new draw, not the first one's arrivals again as its prefix
+    first = arrival_times(10, request_rate=1.3, burstiness=1.0, seed=draw_seed(5, baseline, 10))
+    again = arrival_times(20, request_rate=1.3, burstiness=1.0, seed=draw_seed(5, baseline, 20))
+    same_seed = arrival_times(20, request_rate=1.3, burstiness=1.0, seed=draw_seed(5, baseline, 10))
+    gaps = np.diff([0.0, *first])
+    assert not np.allclose(np.diff([0.0, *again])[:10] / gaps, (np.diff([0.0, *again])[:10] / gaps)[0])
+    assert np.allclose(np.diff([0.0, *same_seed])[:10] / gaps, (np.diff([0.0, *same_seed])[:10] / gaps)[0])
+
+
 def rate_rows(spec: PointSpec, *, ttft: list[float], tpot: list[float], starts: list[float], e2e: float = 400.0):
     return [{"point_id": spec.point_id, "point_key": "k", "request_id": f"p{i}#0", "prompt_id": f"p{i}",
              "category": "qa", "repeat": 0, "seed": i, "prompt_tokens": 10, "output_tokens": 11, "ttft_ms": t,

@@ -30,14 +30,20 @@ def probe(load: float, point_id: str, n: int, met: int, ci: tuple[float, float],
 def configuration(name: str, temperature: float, *, capacity: float | None, bracket: tuple, attainment: tuple,
                   status: str = "found", gain: float | None = None, usd: float | None = None,
                   usd_change: float | None = None, replicas: int | None = None, probes: list[dict] = (),
-                  axis: str = "request_rate", note: str | None = None) -> dict:
+                  axis: str = "request_rate", note: str | None = None, interval: tuple | None = None,
+                  gain_interval: tuple = (None, None), verdict: str | None = None) -> dict:
+    """An entry as `specbench run` writes it; the capacity's interval is the bracket unless given (a step between
+    the two probes: the probes cannot place it closer)."""
+    interval = interval if interval is not None else bracket if status == "found" else (None, None)
     draft, _, gamma = name.partition(" γ")
     return {"configuration": name, "method": "baseline" if name == "baseline" else "ngram" if draft == "ngram"
             else "draft", "draft": None if name == "baseline" else draft, "gamma": int(gamma) if gamma else None,
             "temperature": temperature, "top_p": 1.0, "axis": axis, "capacity": capacity, "bracket_low": bracket[0],
             "bracket_high": bracket[1], "attainment_low": attainment[0], "attainment_high": attainment[1],
             "status": status, "note": note, "gain_vs_baseline": gain, "usd_per_mtok_at_capacity": usd,
-            "usd_per_mtok_change_vs_baseline": usd_change, "replicas_for_traffic": replicas, "probes": list(probes)}
+            "usd_per_mtok_change_vs_baseline": usd_change, "replicas_for_traffic": replicas, "probes": list(probes),
+            "capacity_low": interval[0], "capacity_high": interval[1], "gain_low": gain_interval[0],
+            "gain_high": gain_interval[1], "verdict": verdict}
 
 
 BASELINE_PROBES = [
@@ -54,7 +60,7 @@ NGRAM_PROBES = [
     probe(1.4, "ngram-g3-t0-p1-r1.4", 40, 34, (0.71, 0.93), "fail", 1.19, 67.0),
 ]
 DOCUMENT = {
-    "target_attainment": 0.95, "confidence": 0.95, "slo": SLO, "resolution": 0.1, "resolution_unit": "relative",
+    "version": 2, "target_attainment": 0.95, "confidence": 0.95, "slo": SLO, "resolution": 0.1, "resolution_unit": "relative",
     "usd_per_hour": 2.5, "traffic_rps": 5.0,
     "configurations": [
         configuration("baseline", 0.0, capacity=1.0, bracket=(1.0, 1.1),
@@ -62,7 +68,8 @@ DOCUMENT = {
                       probes=BASELINE_PROBES),
         configuration("ngram γ3", 0.0, capacity=1.3, bracket=(1.3, 1.4),
                       attainment=([0.975, 0.87, 1.0], [0.85, 0.71, 0.93]), gain=0.30, usd=0.40, usd_change=-0.2308,
-                      replicas=4, probes=NGRAM_PROBES, note="stopped at the probe limit"),
+                      replicas=4, probes=NGRAM_PROBES, note="stopped at the probe limit", gain_interval=(0.17, 0.45),
+                      verdict="higher"),
         configuration("self γ1", 0.0, capacity=None, bracket=(None, 0.5), attainment=(None, [0.6, 0.45, 0.73]),
                       status="not bracketed: misses the SLO at its lowest rate 0.5",
                       probes=[probe(0.5, "self-g1-t0-p1-r0.5", 40, 24, (0.45, 0.73), "fail", 0.3, 18.0)]),
@@ -73,28 +80,34 @@ DOCUMENT = {
     ],
 }
 HEADLINES_T0 = [  # the sentence `specbench run` and `specbench tune` print too (specbench.capacity.sentence)
-    "ngram γ3 holds the SLO up to 1.3 requests/s [1.3, 1.4] against the baseline's 1.0 [1.0, 1.1]: +30 %, $0.52 → "
-    "$0.40 per 1M output tokens (-23 %); 4 replicas for 5.0 requests/s against 5 (stopped at the probe limit)",
+    "ngram γ3 holds the SLO up to 1.3 requests/s [1.3, 1.4] against the baseline's 1.0 [1.0, 1.1]: +30 % [+17 %, "
+    "+45 %], measurably higher, $0.52 → $0.40 per 1M output tokens (-23 %); 4 replicas for 5.0 requests/s against 5 "
+    "(stopped at the probe limit)",
     "self γ1: no request-rate capacity found (not bracketed: misses the SLO at its lowest rate 0.5)",
 ]
 HEADLINES_T08 = ["ngram γ3 holds the SLO up to at least 4.0 requests/s against the baseline's 0.9 [0.9, 1.0]: $0.60 → "
                  "$0.20 per 1M output tokens (not bracketed: meets it at the highest rate probed 4)"]
 TABLE_T0 = [
-    "| configuration | capacity [bracket] | met at low end | met at high end | gain | $/1M tokens | cost change "
-    "| replicas | status |",
-    "|:--|--:|--:|--:|--:|--:|--:|--:|--:|",
-    "| baseline | 1.0 requests/s [1.0, 1.1] | 98% [87%, 100%] | 88% [80%, 93%] | - | $0.52 | - | 5 | found |",
-    "| ngram γ3 | 1.3 requests/s [1.3, 1.4] | 98% [87%, 100%] | 85% [71%, 93%] | +30 % | $0.40 | -23 % | 4 "
-    "| found (stopped at the probe limit) |",
-    "| self γ1 | below 0.5 requests/s | - | 60% [45%, 73%] | - | - | - | - "
+    "| configuration | capacity [interval] | bracket | met at low end | met at high end | gain [interval] "
+    "| $/1M tokens | cost change | replicas | status |",
+    "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    "| baseline | 1.0 requests/s [1.0, 1.1] | [1.0, 1.1] | 98% [87%, 100%] | 88% [80%, 93%] | - | $0.52 | - | 5 "
+    "| found |",
+    "| ngram γ3 | 1.3 requests/s [1.3, 1.4] | [1.3, 1.4] | 98% [87%, 100%] | 85% [71%, 93%] | +30 % [+17 %, +45 %], "
+    "measurably higher | $0.40 | -23 % | 4 | found (stopped at the probe limit) |",
+    "| self γ1 | below 0.5 requests/s | [-, 0.5] | - | 60% [45%, 73%] | - | - | - | - "
     "| not bracketed: misses the SLO at its lowest rate 0.5 |",
 ]
 CAPTION = ("Capacity: the highest request rate at which at least 95% of requests meet the SLO (ttft_ms <= 2000, "
-           "tpot_ms <= 150); in brackets, the highest load that passed and the lowest that failed. Met at low / high "
-           "end: the share of requests that met the SLO there, with the 95% confidence interval that decided the "
-           "probe (the probes list every one); searched to within 10% of the load. Gain: capacity over the "
-           "baseline's. $/1M tokens: the cost of 1M output tokens at capacity, at $2.5 per replica-hour; replicas: "
-           "how many serve 5.0 requests/s at capacity.")
+           "tpot_ms <= 150), where the attainment fitted to every request of every probe (non-increasing in load) "
+           "crosses 95%; in brackets its 95% interval (a bootstrap over neighbouring requests within each probe, "
+           "never narrower than the two loads the crossing lies between; - where it is open). Bracket: the highest "
+           "load that passed and the lowest that failed, where the search stopped. Met at low / high end: the share "
+           "of requests that met the SLO there, with the 95% confidence interval that decided the probe (the probes "
+           "list every one); searched to within 10% of the load. Gain: capacity over the baseline's, with its "
+           "interval; measurably higher or lower only where the whole interval lies above or below zero. $/1M "
+           "tokens: the cost of 1M output tokens at capacity, at $2.5 per replica-hour; replicas: how many serve 5.0 "
+           "requests/s at capacity (in parentheses, at the interval's ends).")
 
 
 def as_written(found, written):
@@ -125,8 +138,9 @@ def test_markdown_has_a_capacity_table_per_temperature_with_exact_rows(capacity_
     found = markdown_tables(markdown)
     assert found["Capacity and cost, temperature 0"] == TABLE_T0
     assert found["Capacity and cost, temperature 0.8"][2:] == [
-        "| baseline | 0.9 requests/s [0.9, 1.0] | 95% [90%, 99%] | 80% [70%, 88%] | - | $0.60 | - | 6 | found |",
-        "| ngram γ3 | at least 4.0 requests/s | 100% [91%, 100%] | - | - | $0.20 | - | - "
+        "| baseline | 0.9 requests/s [0.9, 1.0] | [0.9, 1.0] | 95% [90%, 99%] | 80% [70%, 88%] | - | $0.60 | - | 6 "
+        "| found |",
+        "| ngram γ3 | at least 4.0 requests/s | [4.0, -] | 100% [91%, 100%] | - | - | $0.20 | - | - "
         "| not bracketed: meets it at the highest rate probed 4 |"]
     assert CAPTION in markdown
 
@@ -152,11 +166,13 @@ def test_the_headline_per_speculative_configuration_in_every_format(capacity_run
     assert all(line in terminal for line in HEADLINES_T0 + HEADLINES_T08)
     start = lines.index("Capacity and cost, temperature 0")  # the sentences, then every column, split not cut off
     assert lines[start + 1:start + 3] == HEADLINES_T0
-    assert lines[start + 4] == ("configuration capacity [bracket] met at low end met at high end gain $/1M tokens cost "
-                                "change replicas")
-    assert lines[start + 6] == "baseline 1.0 requests/s [1.0, 1.1] 98% [87%, 100%] 88% [80%, 93%] - $0.52 - 5"
+    assert lines[start + 4] == "configuration capacity [interval] bracket met at low end met at high end"
+    assert lines[start + 6] == "baseline 1.0 requests/s [1.0, 1.1] [1.0, 1.1] 98% [87%, 100%] 88% [80%, 93%]"
     assert lines[start + 10] == "Capacity and cost, temperature 0 (continued)"
-    assert lines[start + 12:start + 16] == ["configuration status", "─" * 67, "baseline found",
+    assert lines[start + 12] == "configuration gain [interval] $/1M tokens cost change replicas"
+    assert lines[start + 15] == "ngram γ3 +30 % [+17 %, +45 %], measurably higher $0.40 -23 % 4"
+    assert lines[start + 18] == "Capacity and cost, temperature 0 (continued)"
+    assert lines[start + 20:start + 24] == ["configuration status", "─" * 67, "baseline found",
                                            "ngram γ3 found (stopped at the probe limit)"]
     assert "Capacity probes, temperature 0" in lines and "Capacity probes, temperature 0 (continued)" in lines
 
@@ -166,15 +182,17 @@ def test_without_a_price_or_traffic_the_cost_and_the_replicas_are_left_out(tmp_p
     report = capacity_report(document_from_dict(document))
     markdown = render(build_report([write_capacity_run(tmp_path / "free", document)]), Format.md)
     table = markdown_tables(markdown)["Capacity and cost, temperature 0"]
-    assert table[0] == "| configuration | capacity [bracket] | met at low end | met at high end | gain | status |"
-    assert table[3] == ("| ngram γ3 | 1.3 requests/s [1.3, 1.4] | 98% [87%, 100%] | 85% [71%, 93%] | +30 % "
-                        "| found (stopped at the probe limit) |")
+    assert table[0] == ("| configuration | capacity [interval] | bracket | met at low end | met at high end "
+                        "| gain [interval] | status |")
+    assert table[3] == ("| ngram γ3 | 1.3 requests/s [1.3, 1.4] | [1.3, 1.4] | 98% [87%, 100%] | 85% [71%, 93%] "
+                        "| +30 % [+17 %, +45 %], measurably higher | found (stopped at the probe limit) |")
     assert ("- ngram γ3 holds the SLO up to 1.3 requests/s [1.3, 1.4] against the baseline's 1.0 [1.0, 1.1]: +30 % "
-            "(stopped at the probe limit)\n") in markdown
+            "[+17 %, +45 %], measurably higher (stopped at the probe limit)\n") in markdown
     section = markdown[markdown.index("### Capacity and cost"):markdown.index("### Workload")]
     assert report.usd_per_hour is None and "$" not in section and "replicas" not in section
-    assert section.endswith("searched to within 10% of the load. Gain: capacity over the baseline's.\n\n"
-                            + section[section.index("### Capacity probes"):])
+    assert section.endswith("searched to within 10% of the load. Gain: capacity over the baseline's, with its "
+                            "interval; measurably higher or lower only where the whole interval lies above or below "
+                            "zero.\n\n" + section[section.index("### Capacity probes"):])
 
 
 def test_a_search_over_concurrency_names_concurrency_levels(tmp_path):
@@ -208,9 +226,11 @@ def test_a_search_on_both_axes_has_a_section_per_axis_each_against_its_own_basel
     found = markdown_tables(markdown)
     closed, opened = (found[f"Capacity and cost, temperature 0, by {axis}"]
                       for axis in ("concurrency", "request rate"))
-    assert closed[2:] == ["| baseline | concurrency 3 [3, 4] | 100% [81%, 100%] | - | - | $7.81 | - | found |",
-                          "| ngram γ3 | concurrency 5 [5, 6] | 100% [81%, 100%] | - | +67 % | $5.21 | -33 % | found |"]
-    assert opened[2] == "| baseline | 1.3 requests/s [1.3, 1.41] | 100% [81%, 100%] | - | - | $16.33 | - | found |"
+    assert closed[2:] == [
+        "| baseline | concurrency 3 [3, 4] | [3, 4] | 100% [81%, 100%] | - | - | $7.81 | - | found |",
+        "| ngram γ3 | concurrency 5 [5, 6] | [5, 6] | 100% [81%, 100%] | - | +67 % | $5.21 | -33 % | found |"]
+    assert opened[2] == ("| baseline | 1.3 requests/s [1.3, 1.41] | [1.3, 1.41] | 100% [81%, 100%] | - | - | $16.33 | - "
+                         "| found |")
     assert markdown.index("by concurrency") < markdown.index("by request rate")
     assert ("- ngram γ3 holds the SLO up to concurrency 5 [5, 6] against the baseline's 3 [3, 4]: +67 %, $7.81 → "
             "$5.21 per 1M output tokens (-33 %)\n") in markdown

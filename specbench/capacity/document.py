@@ -1,10 +1,13 @@
 """capacity.json, typed: what a run's capacity searches found, written and read here only.
 
-One `CapacityEntry` per configuration (baseline or draft x gamma), temperature, top_p and load axis: its capacity,
-the bracket that decided it (the highest load that passed, the lowest that failed) with the attainment at each end,
-every probe, and, against the baseline of the same temperature, top_p and axis, its gain, its cost per million
-output tokens and the replicas a traffic figure needs. `CapacityDocument` adds the settings the searches ran with.
-The file carries a `version`; files written before it had none and read as version 1."""
+One `CapacityEntry` per configuration (baseline or draft x gamma), temperature, top_p and load axis: its capacity
+with its interval (`specbench.capacity.estimate`: fitted from every request of every probe), the bracket the search
+closed (the highest load that passed, the lowest that failed) with the attainment at each end, every probe, and,
+against the baseline of the same temperature, top_p and axis, its gain with its interval and whether that is
+measurable (`measurable`: the one rule), its cost per million output tokens and the replicas a traffic figure needs.
+`CapacityDocument` adds the settings the searches ran with. The file carries a `version` (2 since the capacity is the
+fitted estimate rather than the bracket's passing load; version 1 still reads, without intervals); files written
+before it had none and read as version 1."""
 
 from __future__ import annotations
 
@@ -12,12 +15,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from specbench.capacity.estimate import compare, gain_interval
 from specbench.core import cost
 from specbench.core.documents import check_version, checked_object, known, read_object, write_document
 from specbench.core.errors import OneLineError
 
 CAPACITY_FILE = "capacity.json"
-VERSION = 1
+VERSION = 2
 REQUIRED = ("configuration", "temperature", "top_p", "axis")  # what names an entry
 
 
@@ -61,17 +65,24 @@ class CapacityEntry:
     draft: str | None = None
     gamma: int | None = None
     status: str | None = None  # "found", or why there is no capacity (not bracketed, failed, ...)
-    capacity: float | None = None
+    capacity: float | None = None  # where the attainment fitted to every probe crosses the target (a lower bound
+    # when every load probed met it)
+    capacity_low: float | None = None  # its interval at `confidence`; None where it is open at that end
+    capacity_high: float | None = None
     bracket_low: float | None = None  # the highest load that passed
     bracket_high: float | None = None  # the lowest load that failed
     attainment_low: tuple[float, float, float] | None = None  # share met, CI low, CI high at the bracket's low end
     attainment_high: tuple[float, float, float] | None = None
-    note: str | None = None
+    note: str | None = None  # how the search ended, and why the capacity is ill-conditioned where it is
+    curve: tuple[tuple[float, int, float], ...] = ()  # (load, requests, fitted attainment) per load probed
     usd_per_mtok_at_capacity: float | None = None
     gain_vs_baseline: float | None = None  # capacity / the baseline's - 1, both found
-    gain_beyond_brackets: bool | None = None  # the brackets are apart: the gain is more than the search's resolution
+    gain_low: float | None = None  # its interval, from both capacities' intervals
+    gain_high: float | None = None
+    verdict: Literal["higher", "lower", "within"] | None = None  # `measurable`, against the baseline
     usd_per_mtok_change_vs_baseline: float | None = None
     replicas_for_traffic: int | None = None  # request-rate capacities only
+    replicas_range: tuple[int, int] | None = None  # at the interval's high and low ends (None where open)
     probes: tuple[CapacityProbe, ...] = ()
 
     @property
@@ -93,7 +104,7 @@ class CapacityDocument:
     target_attainment: float  # the share of requests that must meet every SLO limit
     slo: dict[str, float]  # request column -> limit
     configurations: tuple[CapacityEntry, ...]
-    confidence: float | None = None  # of each probe's Wilson interval
+    confidence: float | None = None  # of each probe's Wilson interval and of each capacity's interval
     resolution: float | None = None
     resolution_unit: str | None = None  # "relative" (a fraction of the load) or "requests/s"
     usd_per_hour: float | None = None
@@ -107,17 +118,15 @@ class CapacityDocument:
         return asdict(self)
 
 
-def bracket_verdict(entry: CapacityEntry, baseline: CapacityEntry) -> Literal["higher", "lower", "within"] | None:
-    """The one rule for "measurably different" capacities: higher when the entry's passing load is at or above the
-    baseline's failing one, lower the other way round, within when the brackets overlap; None unless both found."""
-    if not (entry.found and baseline.found) or None in (entry.bracket_low, entry.bracket_high, baseline.bracket_low,
-                                                        baseline.bracket_high):
+def measurable(entry: CapacityEntry, baseline: CapacityEntry) -> tuple[float, float, float, str] | None:
+    """The one rule for "measurably different" capacities: (gain, low, high, verdict), the gain over the baseline
+    with its interval (`estimate.gain_interval`) and "higher" when that whole interval lies above zero, "lower" when
+    below, "within" otherwise; None unless both have a capacity with a closed interval."""
+    if not (entry.found and baseline.found):
         return None
-    if entry.bracket_low >= baseline.bracket_high:
-        return "higher"
-    if entry.bracket_high <= baseline.bracket_low:
-        return "lower"
-    return "within"
+    gain = gain_interval(entry.capacity, (entry.capacity_low, entry.capacity_high), baseline.capacity,
+                         (baseline.capacity_low, baseline.capacity_high))
+    return None if gain is None else (*gain, compare(gain[1], gain[2]))
 
 
 def compared(entries: list[CapacityEntry], *, traffic_rps: float | None) -> tuple[CapacityEntry, ...]:
@@ -128,16 +137,26 @@ def compared(entries: list[CapacityEntry], *, traffic_rps: float | None) -> tupl
     for entry in entries:
         baseline = baselines.get(entry.group)
         both = baseline is not None and entry.found and baseline.found
-        verdict = bracket_verdict(entry, baseline) if both and not entry.is_baseline else None
+        gain = measurable(entry, baseline) if both and not entry.is_baseline else None
+        rate = entry.axis == "request_rate" and entry.found
         done.append(replace(
             entry,
             gain_vs_baseline=cost.change(entry.capacity, baseline.capacity) if both else None,
-            gain_beyond_brackets=None if verdict is None else verdict != "within",
+            gain_low=gain[1] if gain else None, gain_high=gain[2] if gain else None,
+            verdict=gain[3] if gain else None,
             usd_per_mtok_change_vs_baseline=cost.change(entry.usd_per_mtok_at_capacity,
                                                         baseline.usd_per_mtok_at_capacity) if both else None,
-            replicas_for_traffic=cost.replicas_for(traffic_rps, entry.capacity)
-            if entry.axis == "request_rate" and entry.found else None))
+            replicas_for_traffic=cost.replicas_for(traffic_rps, entry.capacity) if rate else None,
+            replicas_range=_replicas_range(traffic_rps, entry) if rate else None))
     return tuple(done)
+
+
+def _replicas_range(traffic_rps: float | None, entry: CapacityEntry) -> tuple[int, int] | None:
+    """(fewest, most): the replicas the traffic needs at the capacity interval's high and low ends."""
+    if entry.capacity_low is None or entry.capacity_high is None:
+        return None
+    fewest, most = cost.replicas_for(traffic_rps, entry.capacity_high), cost.replicas_for(traffic_rps, entry.capacity_low)
+    return None if fewest is None or most is None else (fewest, most)
 
 
 # --- JSON ----------------------------------------------------------------------------------------------------
@@ -149,9 +168,11 @@ def entry_from_dict(data: dict[str, Any], *, where: str = CAPACITY_FILE) -> Capa
     if missing := [key for key in REQUIRED if data.get(key) is None]:
         raise CapacityFileError(f"{where} lacks {', '.join(missing)}")
     values = known(CapacityEntry, data)
-    for end in ("attainment_low", "attainment_high"):
+    for end in ("attainment_low", "attainment_high", "replicas_range"):
         if values.get(end) is not None:
             values[end] = tuple(values[end])
+    if values.get("curve") is not None:
+        values["curve"] = tuple(tuple(point) for point in values["curve"])
     probes = data.get("probes") or []
     if not isinstance(probes, list) or not all(isinstance(p, dict) for p in probes):
         raise CapacityFileError(f"{where}: `probes` is not a list of objects")
@@ -165,14 +186,17 @@ def entry_from_dict(data: dict[str, Any], *, where: str = CAPACITY_FILE) -> Capa
 def document_from_dict(data: Any, *, source: str = CAPACITY_FILE) -> CapacityDocument:
     """The document, or a CapacityFileError naming the file and the key that makes it unusable."""
     data = checked_object(data, source=source, error=CapacityFileError)
+    # version 1 (capacity = the bracket's passing load, no intervals) still reads: its gains have no interval and
+    # no verdict
     check_version(data, version=VERSION, source=source, error=CapacityFileError,
-                  again="write it again with this version's `specbench run`")
+                  again="write it again with this version's `specbench run`", older=(1,))
     entries = data.get("configurations")
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
         raise CapacityFileError(f"{source}: `configurations` is not a list of objects")
     configurations = tuple(entry_from_dict(entry, where=f"{source}: configurations[{index}]")
                            for index, entry in enumerate(entries))
     values = known(CapacityDocument, {**data, "configurations": configurations})
+    values["version"] = data.get("version", 1)
     values.setdefault("target_attainment", 0.95)
     values["slo"] = dict(values.get("slo") or {})
     try:
@@ -191,4 +215,4 @@ def read_capacity(path: Path) -> CapacityDocument:
 
 
 __all__ = ["CAPACITY_FILE", "VERSION", "CapacityDocument", "CapacityEntry", "CapacityFileError", "CapacityProbe",
-           "bracket_verdict", "compared", "document_from_dict", "entry_from_dict", "read_capacity", "write_capacity"]
+           "compared", "document_from_dict", "entry_from_dict", "measurable", "read_capacity", "write_capacity"]

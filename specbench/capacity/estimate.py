@@ -5,7 +5,9 @@ pooled, put the capacity at and how sure that is. Attainment is fitted against l
 (weighted pool-adjacent-violators: more load never helps), and the capacity is where the fit crosses the target,
 interpolated in log load between the last load at or above the target and the first below it. The interval is a
 moving-block bootstrap: within each probe, blocks of neighbouring requests (in the order they arrived, so requests
-that shared a queue stay together) are resampled, the fit and the crossing redone; its percentiles are the interval.
+that shared a queue stay together) are resampled, the fit and the crossing redone; its percentiles are the interval,
+widened where needed to the two probed loads the crossing lies between (the probes cannot place it closer: a search
+stopped with a wide bracket is as uncertain as its bracket, however decided its probes were).
 A curve flat near the target gives a wide interval: the estimate is then flagged ill-conditioned, however many
 probes passed or failed.
 
@@ -120,12 +122,24 @@ def estimate_capacity(probes: Sequence[ProbeRequests], *, target: float, confide
     # an open end is None; the other end of a replicate at an open end is the load probed there
     ci_low = None if low == -math.inf else float(loads[-1]) if low == math.inf else low
     ci_high = None if high == math.inf else float(loads[0]) if high == -math.inf else high
+    sampled = (ci_low, ci_high)
     if capacity is None:
         ci_low = ci_high = None
+    elif status == ESTIMATED:  # nor can it be placed closer than the two probed loads the crossing lies between
+        below, above = _between(loads, fitted, target, integer=integer)
+        ci_low = below if ci_low is None else min(ci_low, below)
+        ci_high = above if ci_high is None else max(ci_high, above)
     estimate = CapacityEstimate(capacity, ci_low, ci_high, confidence, status,
                                 tuple((float(x), int(n), float(f)) for x, n, f in zip(loads, sent, fitted)))
     return replace(estimate, note=_conditioning(estimate, target=target, max_half_width=max_half_width,
-                                                integer=integer))
+                                                integer=integer, sampled=sampled))
+
+
+def _between(loads: np.ndarray, fitted: np.ndarray, target: float, *, integer: bool) -> tuple[float, float]:
+    """The last load whose fitted attainment meets `target` and the first that misses it (for a concurrency, the
+    highest whole number below that): the probes say nothing of the curve between them."""
+    k = int(np.flatnonzero(fitted >= target)[-1])
+    return float(loads[k]), float(max(loads[k + 1] - 1, loads[k]) if integer else loads[k + 1])
 
 
 def _bootstrap(probes: Sequence[ProbeRequests], loads: np.ndarray, sent: np.ndarray, *, target: float,
@@ -149,8 +163,11 @@ def _bootstrap(probes: Sequence[ProbeRequests], loads: np.ndarray, sent: np.ndar
     return values
 
 
-def _conditioning(estimate: CapacityEstimate, *, target: float, max_half_width: float, integer: bool) -> str | None:
-    """Why the estimate cannot be budgeted on as it stands, in words; None when its interval is narrow enough."""
+def _conditioning(estimate: CapacityEstimate, *, target: float, max_half_width: float, integer: bool,
+                  sampled: tuple[float | None, float | None]) -> str | None:
+    """Why the estimate cannot be budgeted on as it stands, in words; None when its interval is narrow enough.
+    `sampled`: the bootstrap's own ends, before the interval was widened to the loads either side of the crossing
+    (which tells a flat curve from probes too far apart)."""
     level = f"{estimate.confidence * 100:g} %"
     if estimate.status == BELOW:
         return None  # nothing to condition: there is no capacity
@@ -162,8 +179,10 @@ def _conditioning(estimate: CapacityEstimate, *, target: float, max_half_width: 
     if integer and estimate.ci_high - estimate.ci_low <= 1:  # a concurrency cannot be known finer than one
         return None
     if width is not None and width > max_half_width:
-        return (f"ill-conditioned: the attainment curve is flat near {target:g}, the capacity is known to "
-                f"±{width * 100:.0f} % ({level} interval)")
+        flat = None not in sampled and (sampled[1] - sampled[0]) / (2 * estimate.capacity) > max_half_width
+        why = f"the attainment curve is flat near {target:g}" if flat else \
+            "the loads probed either side of it are far apart"
+        return f"ill-conditioned: {why}, the capacity is known to ±{width * 100:.0f} % ({level} interval)"
     return None
 
 

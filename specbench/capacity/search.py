@@ -28,6 +28,8 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
+from specbench.core.summary import meets_slo
+
 
 @dataclass(frozen=True, kw_only=True)
 class SearchSettings:
@@ -254,11 +256,9 @@ def _rounded(load: float, settings: SearchSettings, *, above: float | None = Non
 
 
 def met_slo(rows: pd.DataFrame, slo: Mapping[str, float]) -> np.ndarray:
-    """Per request: whether it met every SLO limit. A request without the figure (one output token: no TPOT)
-    meets that limit, as goodput counts it; a failed request (a non-empty `error`) meets none."""
-    met = np.ones(len(rows), dtype=bool)
-    for name, limit in slo.items():
-        met &= ~(pd.to_numeric(rows[name], errors="coerce").to_numpy(float) > limit)
+    """Per request: whether it met every SLO limit, as goodput counts it (`core.summary.meets_slo`: TTFT and end to
+    end from the scheduled arrival where the client sent late); a failed request (a non-empty `error`) meets none."""
+    met = meets_slo(rows, slo)
     if "error" in rows:
         met &= ~rows["error"].map(lambda e: isinstance(e, str) and e != "").to_numpy(bool)
     return met

@@ -28,11 +28,12 @@ def checked_object(data: Any, *, source: str, error: type[Exception]) -> dict[st
     return data
 
 
-def check_version(data: dict[str, Any], *, version: int, source: str, error: type[Exception], again: str) -> None:
-    """A file without `version` was written before the field: version 1. Another version is refused, saying how to
-    write the file again (`again`)."""
+def check_version(data: dict[str, Any], *, version: int, source: str, error: type[Exception], again: str,
+                  older: tuple[int, ...] = ()) -> None:
+    """A file without `version` was written before the field: version 1. Another version than `version` and the
+    `older` ones its reader still reads is refused, saying how to write the file again (`again`)."""
     found = data.get("version", 1)
-    if found != version:
+    if found != version and found not in older:
         raise error(f"{source}: version {found!r}: this specbench reads version {version} ({again})")
 
 

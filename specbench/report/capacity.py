@@ -1,7 +1,8 @@
 """Capacity and cost from the capacity.json a capacity search leaves in a run folder: per temperature and load
-axis, each configuration's capacity (the highest load at which the share of requests meeting the SLO reaches the target)
-with the bracket that decided it, its gain over the baseline, the cost per 1M output tokens at capacity, and
-every probe behind it. Outputs are DataFrames and the strings every format shows."""
+axis, each configuration's capacity (the highest load at which the share of requests meeting the SLO reaches the target,
+fitted to every probe) with its interval and the bracket the search closed, its gain over the baseline with its
+interval and verdict, the cost per 1M output tokens at capacity, and every probe behind it. Outputs are DataFrames
+and the strings every format shows."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from typing import Any
 import pandas as pd
 
 from specbench.capacity.document import CapacityDocument, CapacityEntry
-from specbench.capacity.sentence import bound, capacity_sentence, level, missing, number, percent_change, usd
+from specbench.capacity.sentence import (bound, capacity_sentence, gain_text, level, missing, number, percent_change,
+                                         replicas_text, usd)
 from specbench.report import tables
 
 CONFIGURATION_COLUMNS = (
-    "temperature", "top_p", "configuration", "method", "draft", "gamma", "axis", "capacity", "bracket_low",
-    "bracket_high", "attainment_low", "attainment_high", "status", "gain_vs_baseline", "usd_per_mtok_at_capacity",
-    "usd_per_mtok_change_vs_baseline", "replicas_for_traffic", "note",
+    "temperature", "top_p", "configuration", "method", "draft", "gamma", "axis", "capacity", "capacity_low",
+    "capacity_high", "bracket_low", "bracket_high", "attainment_low", "attainment_high", "status", "gain_vs_baseline",
+    "gain_low", "gain_high", "verdict", "usd_per_mtok_at_capacity", "usd_per_mtok_change_vs_baseline",
+    "replicas_for_traffic", "replicas_range", "note",
 )  # attainment_low / _high: [share met, CI low, CI high] at the bracket's ends, or None
 PROBE_COLUMNS = ("temperature", "top_p", "configuration", "axis", "load", "point_id", "reused", "n_requests", "met",
                  "attainment", "ci_low", "ci_high", "decision", "goodput", "tokens_per_s")
@@ -100,14 +103,23 @@ def groups(report: CapacityReport) -> list[CapacityGroup]:
 
 
 def capacity_cell(row: dict) -> str:
-    """`1.3 requests/s [1.3, 1.4]`: the capacity and, in brackets, the highest load that passed and the lowest that
-    failed; `at least 4.0 requests/s` when nothing failed above it, `below 0.5 requests/s` when nothing passed."""
-    capacity, high, axis = row["capacity"], row["bracket_high"], row["axis"]
-    if not missing(capacity) and not missing(high):
-        return f"{level(capacity, axis)} [{bound(row['bracket_low'], axis)}, {bound(high, axis)}]"
-    if not missing(capacity):
+    """`1.3 requests/s [1.2, 1.4]`: the capacity and, in brackets, its interval (`-` at an open end); `at least 4.0
+    requests/s` when every load probed met the SLO, `below 0.5 requests/s` when none did."""
+    capacity, axis = row["capacity"], row["axis"]
+    if missing(capacity):
+        return "-" if missing(row["bracket_high"]) else f"below {level(row['bracket_high'], axis)}"
+    if row.get("status") != "found":
         return f"at least {level(capacity, axis)}"
-    return "-" if missing(high) else f"below {level(high, axis)}"
+    if missing(row.get("capacity_low")) and missing(row.get("capacity_high")):
+        return level(capacity, axis)
+    return f"{level(capacity, axis)} [{bound(row.get('capacity_low'), axis)}, {bound(row.get('capacity_high'), axis)}]"
+
+
+def bracket_cell(row: dict) -> str:
+    """`[1.3, 1.41]`: the highest load that passed and the lowest that failed."""
+    if missing(row["bracket_low"]) and missing(row["bracket_high"]):
+        return "-"
+    return f"[{bound(row['bracket_low'], row['axis'])}, {bound(row['bracket_high'], row['axis'])}]"
 
 
 def attainment_cell(value: Any) -> str:
@@ -123,20 +135,30 @@ def display_capacity(report: CapacityReport, group: pd.DataFrame) -> pd.DataFram
     with a traffic figure (and a request rate: replicas serve requests per second)."""
     columns: dict[str, list[str]] = {
         "configuration": list(group["configuration"]),
-        "capacity [bracket]": [capacity_cell(row) for row in group.to_dict("records")],
+        "capacity [interval]": [capacity_cell(row) for row in group.to_dict("records")],
+        "bracket": [bracket_cell(row) for row in group.to_dict("records")],
         "met at low end": [attainment_cell(v) for v in group["attainment_low"]],
         "met at high end": [attainment_cell(v) for v in group["attainment_high"]],
-        "gain": [_against_baseline(row, "gain_vs_baseline") for row in group.to_dict("records")],
+        "gain [interval]": ["-" if row["method"] == "baseline" else gain_text(_entry(row))
+                            for row in group.to_dict("records")],
     }
     if report.usd_per_hour is not None:
         columns["$/1M tokens"] = [usd(v) for v in group["usd_per_mtok_at_capacity"]]
         columns["cost change"] = [_against_baseline(row, "usd_per_mtok_change_vs_baseline")
                                   for row in group.to_dict("records")]
     if report.traffic_rps is not None and (group["axis"] == "request_rate").all():
-        columns["replicas"] = [tables.fmt(v, "d") for v in group["replicas_for_traffic"].astype("Int64")]
+        columns["replicas"] = ["-" if missing(row["replicas_for_traffic"]) else replicas_text(_entry(row))
+                               for row in group.to_dict("records")]
     columns["status"] = [str(status) + ("" if missing(note) else f" ({note})")
                          for status, note in zip(group["status"], group["note"])]
     return pd.DataFrame(columns)
+
+
+def _entry(row: dict) -> CapacityEntry:
+    """A row of the configurations table as the entry the sentence's parts read."""
+    values = {key: (None if not isinstance(value, (tuple, list)) and missing(value) else value)
+              for key, value in row.items() if key in CONFIGURATION_COLUMNS}
+    return CapacityEntry(**values)
 
 
 def _against_baseline(row: dict, column: str) -> str:
@@ -173,18 +195,23 @@ def caption(report: CapacityReport, axis: str) -> str:
     slo = ", ".join(f"{key} <= {value:g}" for key, value in report.slo.items()) or "not recorded"
     confidence = f"{report.confidence:.0%} " if report.confidence is not None else ""
     text = (f"Capacity: the highest {load} at which at least {report.target_attainment:.0%} of requests meet the "
-            f"SLO ({slo}); in brackets, the highest load that passed and the lowest that failed. Met at low / high "
-            f"end: the share of requests that met the SLO there, with the {confidence}confidence interval that "
-            "decided the probe (the probes list every one)")
+            f"SLO ({slo}), where the attainment fitted to every request of every probe (non-increasing in load) "
+            f"crosses {report.target_attainment:.0%}; in brackets its {confidence}interval (a bootstrap over "
+            "neighbouring requests within each probe, never narrower than the two loads the crossing lies between; "
+            "- where it is open). Bracket: the highest load that passed and the lowest that failed, where the "
+            "search stopped. Met at low / high end: the share of requests that met the SLO there, with the "
+            f"{confidence}confidence interval that decided the probe (the probes list every one)")
     if report.resolution is not None:
         relative = report.resolution_unit == "relative"
         text += "; searched to " + (f"within {report.resolution:.0%} of the load" if relative
                                     else f"{report.resolution:g} {report.resolution_unit or ''}".rstrip())
-    text += ". Gain: capacity over the baseline's"
+    text += (". Gain: capacity over the baseline's, with its interval; measurably higher or lower only where the "
+             "whole interval lies above or below zero")
     if report.usd_per_hour is not None:
         text += f". $/1M tokens: the cost of 1M output tokens at capacity, at ${report.usd_per_hour:g} per replica-hour"
     if report.traffic_rps is not None and axis == "request_rate":
-        text += f"; replicas: how many serve {number(report.traffic_rps)} requests/s at capacity"
+        text += (f"; replicas: how many serve {number(report.traffic_rps)} requests/s at capacity (in parentheses, at "
+                 "the interval's ends)")
     return text + "."
 
 

@@ -179,8 +179,8 @@ def capacity_plot(report: capacity.CapacityReport, group: capacity.CapacityGroup
         figure, f"SLO attainment and goodput, {group.name}",
         f"Left: the share of requests that met the SLO at each load probed, per configuration, with its confidence "
         f"interval; dashed: the target ({report.target_attainment:.0%}). Right: goodput (requests per second that "
-        "met the SLO). Dotted verticals: each configuration's capacity. A load probed again with more requests "
-        "shows its last probe.")
+        "met the SLO). Dotted verticals: each configuration's capacity, shaded: its interval. A load probed again "
+        "with more requests shows its last probe.")
 
 
 def capacity_figure(report: capacity.CapacityReport, group: capacity.CapacityGroup) -> Figure | None:
@@ -207,6 +207,10 @@ def capacity_figure(report: capacity.CapacityReport, group: capacity.CapacityGro
         for ax in (attainment_ax, goodput_ax):
             ax.axvline(float(row["capacity"]), color=colors[row["configuration"]], linestyle=":", linewidth=1.5,
                        label=f"_capacity {row['configuration']}")  # the caption says
+            low, high = row.get("capacity_low"), row.get("capacity_high")
+            if not capacity.missing(low) and not capacity.missing(high) and high > low:
+                ax.axvspan(float(low), float(high), color=colors[row["configuration"]], alpha=0.12,
+                           label=f"_interval {row['configuration']}")
     attainment_ax.axhline(report.target_attainment, color="grey", linestyle="--", linewidth=1,
                           label=f"target {report.target_attainment:.0%}")
     attainment_ax.set(title=group.name, xlabel=AXIS_LABELS[group.axis], ylabel="share of requests meeting the SLO",

@@ -2,7 +2,8 @@
 (temperature, top_p), while the configuration's engine is up, the probes `specbench.capacity.search.next_probe` asks
 for — each one a recorded point at a request rate (or a concurrency), reused where the files already hold it with
 as many requests — until the bracket closes. Each decision goes to the terminal (observer.message) and the
-manifest; the capacities, brackets, gains over the baseline and costs to capacity.json."""
+manifest; the capacities (fitted from every request of every probe, with their intervals: capacity.estimate),
+brackets, gains over the baseline and costs to capacity.json."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from specbench.core.manifest import read_manifest, write_manifest
 from specbench.capacity.document import CapacityDocument, compared, entry_from_dict, write_capacity
+from specbench.capacity.estimate import CapacityEstimate, ProbeRequests, estimate_capacity
 from specbench.core import cost, results, summary
-from specbench.capacity.search import (Done, Next, Probe, SearchSettings, conclude, decide, fewest_to_confirm, next_probe,
-                                probe_of)
+from specbench.capacity.search import (Done, Next, Probe, SearchSettings, conclude, decide, fewest_to_confirm,
+                                       met_slo, next_probe, probe_of)
 from specbench.core.results import PointSpec
 from specbench.sweep.context import RunContext
 from specbench.sweep.files import RunFiles
@@ -84,6 +87,9 @@ class CapacitySearch:
         except ProbeFailed as failure:
             self.observer.message(f"{name}: failed: {failure}")
             return {**entry, **_empty(), "status": f"failed: {failure}"}
+        except NoLoadCanPass as reason:
+            self.observer.message(f"{name}: {reason}: no rate can hold the SLO, the search stops")
+            return {**entry, **_empty(), "status": f"not bracketed: {reason}"}
         fewest = fewest_to_confirm(settings.target, confidence=settings.confidence)
         if fewest is None or fewest > settings.requests:
             self.observer.message(
@@ -92,6 +98,7 @@ class CapacitySearch:
                 + (f"{fewest}" if fewest else "more than 100000") + "): each probe is confirmed only with more "
                 f"requests, up to {settings.max_requests} (raise [capacity] requests to spend fewer probes)")
         history: list[Probe] = []
+        requests: dict[str, ProbeRequests] = {}  # per point: the requests the files hold (a load sent again replaces)
         while not isinstance(step := next_probe(history, settings), Done):
             spec = serial.at_load(request_rate=step.load) if axis == "request_rate" else \
                 serial.at_load(concurrency=int(step.load))
@@ -102,10 +109,15 @@ class CapacitySearch:
                 Probe(load=step.load, n_requests=step.n_requests, met=0, duration_s=duration_s)
             if spec not in self.order and spec.point_id not in self.probe_points:
                 self.probe_points.append(spec.point_id)
+            requests[spec.point_id] = ProbeRequests(step.load, _met_in_arrival_order(rows, self.slo)
+                                                    if error is None else np.zeros(step.n_requests, bool))
             history.append(probe)
             entry["probes"].append(self._record(spec, probe, rows, settings, history, axis=axis, name=name,
                                                 reused=reused, error=error))
-        outcome = _outcome(history, settings, entry["probes"], axis, usd_per_hour=self.ctx.profile.usd_per_replica_hour)
+        estimate = estimate_capacity(list(requests.values()), target=settings.target, confidence=settings.confidence,
+                                     integer=settings.integer, seed=self.ctx.profile.run.seed)
+        outcome = _outcome(history, settings, entry["probes"], axis, estimate=estimate,
+                           usd_per_hour=self.ctx.profile.usd_per_replica_hour)
         errors = [p["error"] for p in entry["probes"]]
         if errors and all(errors):  # nothing was measured at any load: the search says why rather than a capacity
             outcome["status"] = f"failed: {errors[-1]}"
@@ -163,6 +175,8 @@ class CapacitySearch:
             start = 1e3 / float(rows["e2e_ms"].mean())
             self.observer.message(f"{self._name(serial)}: one request at a time takes "
                                   f"{rows['e2e_ms'].mean() / 1e3:.2f} s: the search starts at {start:.3g} requests/s")
+            if (missed := serial_misses(rows, self.slo, target=spec.attainment)) is not None:
+                raise NoLoadCanPass(missed)
         return SearchSettings(**common, resolution=spec.resolution_value, relative=spec.relative, start=start,
                               lowest=spec.lowest_rps or start / 4, highest=spec.highest_rps)
 
@@ -204,6 +218,24 @@ class ProbeFailed(RuntimeError):
     """A probe's point failed (the engine did not start, died, or answered nothing)."""
 
 
+class NoLoadCanPass(RuntimeError):
+    """The configuration's requests one at a time already miss the SLO: no load can hold it."""
+
+
+def serial_misses(rows: pd.DataFrame, slo: dict[str, float], *, target: float) -> str | None:
+    """Why no rate can hold the SLO, judged from requests sent one at a time (no queue: a rate only adds to their
+    times), or None: where a limit lies below the median of its figure, more than half the requests miss it even
+    alone, so no load reaches an attainment above one half."""
+    if target <= 0.5:
+        return None
+    for name, limit in slo.items():
+        values = pd.to_numeric(rows[name], errors="coerce").dropna() if name in rows else pd.Series(dtype=float)
+        if len(values) and float(values.median()) > limit:
+            return (f"one request at a time already misses it ({name} p50 {float(values.median()):.4g} > {limit:g}, "
+                    f"{len(values)} requests)")
+    return None
+
+
 @contextmanager
 def sending(ctx: RunContext, n_requests: int, *, open_loop: bool) -> Iterator[int]:
     """While the session sends a probe: `n_requests` at a request rate ([load] requests), or every prompt as many
@@ -234,14 +266,14 @@ def _load_text(load: float, axis: str) -> str:
 
 
 def _empty() -> dict[str, Any]:
-    return {"capacity": None, "bracket_low": None, "bracket_high": None, "attainment_low": None,
-            "attainment_high": None, "note": None}
+    return {"capacity": None, "capacity_low": None, "capacity_high": None, "bracket_low": None, "bracket_high": None,
+            "attainment_low": None, "attainment_high": None, "note": None, "curve": []}
 
 
 def _outcome(history: list[Probe], settings: SearchSettings, probes: list[dict], axis: str, *,
-             usd_per_hour: float | None = None) -> dict[str, Any]:
-    """The entry's capacity, bracket and attainment at each end, from the probes so far, and what 1M output tokens
-    cost at capacity (`usd_per_mtok_at_capacity`)."""
+             estimate: CapacityEstimate | None, usd_per_hour: float | None = None) -> dict[str, Any]:
+    """The entry's capacity with its interval (the estimate), the bracket the search closed and the attainment at
+    each end, from the probes so far, and what 1M output tokens cost at capacity (`usd_per_mtok_at_capacity`)."""
     if not history:
         return {**_empty(), "status": "not bracketed: no probe was decided"}
     outcome = conclude(history, settings, unit="rate" if axis == "request_rate" else "concurrency")
@@ -252,27 +284,48 @@ def _outcome(history: list[Probe], settings: SearchSettings, probes: list[dict],
         decision = decide(probe, settings)
         return [decision.attainment, decision.ci_low, decision.ci_high]
 
-    last_at = {p["load"]: p for p in probes}  # the decisive probe at a load is its last
-    passing = last_at.get(outcome.passing.load) if outcome.passing else None
-    return {"status": outcome.status, "capacity": outcome.capacity,
+    capacity = estimate.capacity if estimate is not None and outcome.passing is not None else None
+    notes = [outcome.note, estimate.note if capacity is not None else None,
+             "the attainment fitted to every probe misses the target at every load probed"
+             if outcome.passing is not None and capacity is None else None]
+    return {"status": outcome.status, "capacity": capacity,
+            "capacity_low": estimate.ci_low if capacity is not None else None,
+            "capacity_high": estimate.ci_high if capacity is not None else None,
             "bracket_low": outcome.passing.load if outcome.passing else None,
             "bracket_high": outcome.failing.load if outcome.failing else None,
             "attainment_low": attainment(outcome.passing), "attainment_high": attainment(outcome.failing),
-            "note": outcome.note, "usd_per_mtok_at_capacity": cost_at_capacity(passing, outcome.capacity, axis=axis,
-                                                                               usd_per_hour=usd_per_hour)}
+            "note": "; ".join(n for n in notes if n) or None,
+            "curve": [list(point) for point in estimate.curve] if estimate is not None else [],
+            "usd_per_mtok_at_capacity": cost_at_capacity(probes, capacity, axis=axis, usd_per_hour=usd_per_hour)}
 
 
-def cost_at_capacity(passing: dict | None, capacity: float | None, *, axis: str, usd_per_hour: float | None) -> float | None:
+def _met_in_arrival_order(rows: pd.DataFrame, slo: dict[str, float]) -> np.ndarray:
+    """Whether each request met every SLO limit, in the order the requests were sent (neighbours shared a queue:
+    the estimate's bootstrap keeps them together)."""
+    if "start_ms" in rows and rows["start_ms"].notna().all():
+        rows = rows.sort_values("start_ms", kind="stable")
+    return met_slo(rows, slo)
+
+
+def cost_at_capacity(probes: list[dict], capacity: float | None, *, axis: str,
+                     usd_per_hour: float | None) -> float | None:
     """$ per 1M output tokens when a replica serves at capacity: price / (3600 x requests/s x output tokens per
-    request) x 1e6, the requests/s being the capacity itself on the request-rate axis (the rate it holds in steady
-    state) and the passing probe's completed requests/s at a concurrency. Not the probe's tokens/s: that divides by
-    its schedule plus the drain after its last arrival, and read ~22 % too high on vLLM CPU."""
-    if passing is None or capacity is None or not passing.get("n_requests") or passing.get("output_tokens") is None:
+    request) x 1e6. The requests/s are the capacity itself on the request-rate axis (the rate it holds in steady
+    state), at a concurrency the completed requests/s of the highest probe at or below the capacity; the output
+    tokens per request those of that probe. Not the probe's tokens/s: that divides by its schedule plus the drain
+    after its last arrival too, and read ~22 % too high on vLLM CPU."""
+    if capacity is None:
         return None
-    rate = capacity if axis == "request_rate" else passing.get("request_throughput")
+    measured = [p for p in probes if p["load"] <= capacity + 1e-9 and not p.get("error") and p.get("n_requests")
+                and p.get("output_tokens") is not None]
+    if not measured:
+        return None
+    probe = max(measured, key=lambda p: p["load"])  # the last one at that load (a load sent again is decided by it)
+    probe = [p for p in measured if p["load"] == probe["load"]][-1]
+    rate = capacity if axis == "request_rate" else probe.get("request_throughput")
     if rate is None:
         return None
-    return cost.usd_per_mtok(usd_per_hour, rate * passing["output_tokens"] / passing["n_requests"])
+    return cost.usd_per_mtok(usd_per_hour, rate * probe["output_tokens"] / probe["n_requests"])
 
 
 def capacity_document(entries: list[dict[str, Any]], *, slo: dict[str, float], spec, profile) -> CapacityDocument:

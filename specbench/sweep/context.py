@@ -42,9 +42,12 @@ class RunContext:
         return max(gammas) + 1 if gammas and self.profile.backend == "native" else 0
 
     def point_key(self, spec: PointSpec) -> str:
-        """What makes a point's measurements reusable: the run's configuration, the point, its draft's identity."""
+        """What makes a point's measurements reusable: the run's configuration, the point, its draft's identity; at
+        a request rate, the shape of its arrivals and how they are drawn (per level since draws version 2)."""
+        load = self.profile.load
+        sent = {"burstiness": load.burstiness, "draws": 2} if spec.open_loop else {}
         return stable_hash({"run": self.run_key, "point": spec.identity(),
-                            "draft_identity": self.session.draft_identity(spec)})
+                            "draft_identity": self.session.draft_identity(spec), **sent})
 
     def point_context(self, spec: PointSpec) -> dict[str, Any]:
         """The point's constant columns in points.parquet."""

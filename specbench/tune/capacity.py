@@ -2,8 +2,8 @@
 `specbench run`'s [capacity] table, its probes recorded in the tune's run files like every point, the launch reused
 across them), and its value is the capacity in requests/s — 0 where the configuration misses the SLO even at its
 lowest rate, the lower bound where it meets it at the highest rate probed. The baseline's search runs once per
-study; speculation is recommended when the chosen configuration's capacity is measurably higher: its passing probe
-lies at or above the baseline's failing one."""
+study; speculation is recommended when the chosen configuration's capacity is measurably higher: the whole interval
+of its gain over the baseline's lies above zero (`capacity.document.measurable`, as `run` and `report` say it)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import optuna
 
-from specbench.capacity.document import bracket_verdict, compared, entry_from_dict
+from specbench.capacity.document import compared, entry_from_dict
 from specbench.sweep.capacity import CapacitySearch
 from specbench.sweep.loop import SilentObserver, evaluate_point
 from specbench.tune.evaluate import Evaluator, Live
@@ -60,9 +60,10 @@ def run_capacity_trial(study: optuna.Study, trial: optuna.Trial, spec, *, search
                "capacity_rps": value}
     trial.set_user_attr("metrics", metrics)
     trial.set_user_attr("repeat_values", [value])
-    # capacities closer than the bracket are near-ties (the smaller gamma is then recommended)
-    trial.set_user_attr("noise", float(entry["bracket_high"] - entry["bracket_low"])
-                        if entry["status"] == "found" else 0.0)
+    # capacities closer than half the interval are near-ties (the smaller gamma is then recommended)
+    low, high = entry.get("capacity_low"), entry.get("capacity_high")
+    trial.set_user_attr("noise", float(high - low) / 2 if entry["status"] == "found" and None not in (low, high)
+                        else 0.0)
     trial.set_user_attr("constraints", constraints.violations(metrics))
     study.tell(trial, [value])
     return {"number": trial.number, "point_id": spec.point_id, "state": "COMPLETE", "value": value, "evaluated": True}
@@ -70,8 +71,8 @@ def run_capacity_trial(study: optuna.Study, trial: optuna.Trial, spec, *, search
 
 def capacity_recommendation(chosen: dict[str, Any] | None, baseline: dict[str, Any] | None, *,
                             usd_per_hour: float | None, traffic_rps: float | None) -> dict[str, Any] | None:
-    """For recommendation.json: the chosen configuration's capacity and cost beside the baseline's, and whether its
-    capacity is measurably higher (its passing probe at or above the baseline's failing one)."""
+    """For recommendation.json: the chosen configuration's capacity and cost beside the baseline's, each with its
+    interval, and whether its capacity is measurably higher (the whole interval of the gain above zero)."""
     search = (chosen or {}).get("capacity")
     if search is None:
         return None
@@ -80,19 +81,25 @@ def capacity_recommendation(chosen: dict[str, Any] | None, baseline: dict[str, A
     *before, mine = compared(([entry_from_dict(base)] if base else []) + [entry_from_dict(search)],
                              traffic_rps=traffic_rps)
     theirs = before[0] if before else None
-    verdict = bracket_verdict(mine, theirs) if theirs is not None else None
+    verdict = mine.verdict
     return {
-        "capacity_rps": mine.capacity, "bracket": [mine.bracket_low, mine.bracket_high], "status": mine.status,
-        "baseline_capacity_rps": base.get("capacity"), "baseline_bracket": [base.get("bracket_low"),
-                                                                            base.get("bracket_high")],
+        "capacity_rps": mine.capacity, "interval": [mine.capacity_low, mine.capacity_high],
+        "bracket": [mine.bracket_low, mine.bracket_high], "status": mine.status,
+        "baseline_capacity_rps": base.get("capacity"),
+        "baseline_interval": [base.get("capacity_low"), base.get("capacity_high")],
+        "baseline_bracket": [base.get("bracket_low"), base.get("bracket_high")],
         "baseline_status": base.get("status"), "gain_vs_baseline": mine.gain_vs_baseline,
+        "gain_interval": [mine.gain_low, mine.gain_high],
         "usd_per_hour": usd_per_hour, "usd_per_mtok_at_capacity": mine.usd_per_mtok_at_capacity,
         "baseline_usd_per_mtok_at_capacity": base.get("usd_per_mtok_at_capacity"),
         "usd_per_mtok_change_vs_baseline": mine.usd_per_mtok_change_vs_baseline,
         "replicas_for_traffic": mine.replicas_for_traffic,
-        "baseline_replicas_for_traffic": theirs.replicas_for_traffic if verdict is not None else None,
+        "replicas_range": list(mine.replicas_range) if mine.replicas_range else None,
+        "baseline_replicas_for_traffic": theirs.replicas_for_traffic if theirs is not None else None,
+        "baseline_replicas_range": list(theirs.replicas_range) if theirs is not None and theirs.replicas_range
+        else None,
         "traffic_rps": traffic_rps,
-        "brackets": verdict,  # higher, lower or within: the chosen configuration's bracket against the baseline's
+        "verdict": verdict,  # higher, lower or within: the gain's interval against zero (None: no gain)
         "measurably_higher": verdict == "higher",
     }
 

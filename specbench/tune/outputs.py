@@ -10,6 +10,7 @@ from typing import Any
 import optuna
 import pandas as pd
 
+from specbench.capacity.sentence import percent_change
 from specbench.tune.document import Recommendation, write_recommendation
 from specbench.core import results
 from specbench.profile import dump_profile, profile_from_dict
@@ -153,7 +154,7 @@ def _recommendation(plan: Plan, group, rows: list[dict[str, Any]], *, engines: d
         "peak_memory_mb": chosen["peak_memory_mb"], "tpot_ms_p50": chosen["tpot_ms_p50"],
         "reason": ("the best objective, or the smallest gamma within the noise of the best" if speculate else
                    f"the best configuration ({chosen['point_id']}) does not hold the SLO at measurably more requests/s "
-                   f"than the baseline ({capacity['bracket']} against {capacity['baseline_bracket']})" if capacity else
+                   f"than the baseline ({_capacity_gain(capacity)})" if capacity else
                    f"the best configuration ({chosen['point_id']}) is not measurably faster than the baseline "
                    f"(speedup {_ratio(chosen['speedup'])}, 95% CI {_ratio(chosen['speedup_ci_low'])}-"
                    f"{_ratio(chosen['speedup_ci_high'])})"),
@@ -303,3 +304,15 @@ def profile_from_dict_data(plan: Plan) -> dict[str, Any]:
     import tomllib
 
     return tomllib.loads(dump_profile(plan.profile))
+
+
+def _capacity_gain(capacity: dict[str, Any]) -> str:
+    """`capacity 1.4 [1.3, 1.5] against 1.3 [1.2, 1.4] requests/s: gain +8 % [-4 %, +21 %]`."""
+    def value(centre, interval) -> str:
+        ends = ", ".join("-" if v is None else f"{v:.3g}" for v in (interval or [None, None]))
+        return ("-" if centre is None else f"{centre:.3g}") + f" [{ends}]"
+
+    gain = capacity.get("gain_interval") or [None, None]
+    return (f"capacity {value(capacity['capacity_rps'], capacity.get('interval'))} against "
+            f"{value(capacity['baseline_capacity_rps'], capacity.get('baseline_interval'))} requests/s: gain "
+            f"{percent_change(capacity['gain_vs_baseline'])} [{percent_change(gain[0])}, {percent_change(gain[1])}]")

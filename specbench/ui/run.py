@@ -141,11 +141,13 @@ def print_run_summary(console: Console, points: pd.DataFrame, out_dir: str, *, p
 
 
 def capacity_lines(document: CapacityDocument) -> list[str]:
-    """capacity.json in words, per temperature: each configuration's capacity [bracket], its gain over the
-    baseline's and the cost of a million output tokens at capacity (and the replicas for the traffic)."""
+    """capacity.json in words, per temperature: each configuration's capacity [interval], its gain over the
+    baseline's [interval] and whether that is measurable, and the cost of a million output tokens at capacity (and
+    the replicas for the traffic)."""
     slo = ", ".join(f"{name} <= {limit:g}" for name, limit in document.slo.items())
-    lines = [f"capacity: the highest load at which {document.target_attainment:.0%} of requests meet {slo} "
-             "[bracket: highest passing probe, lowest failing one]"]
+    level = f"{document.confidence:.0%} " if document.confidence is not None else ""
+    lines = [f"capacity: the highest load at which {document.target_attainment:.0%} of requests meet {slo}, fitted "
+             f"to every probe [{level}interval]"]
     entries = document.configurations
     for temperature, top_p in dict.fromkeys((e.temperature, e.top_p) for e in entries):
         lines.append(f"temperature {temperature:g}" + (f", top_p {top_p:g}" if top_p < 1 else ""))

@@ -140,20 +140,30 @@ def _capacity_text(name: str, capacity: dict[str, Any]) -> str:
     """--objective capacity: the chosen configuration's capacity and cost beside the baseline's, in the sentence
     `specbench run` and `specbench report` use."""
     common = {"temperature": 0.0, "top_p": 1.0, "axis": "request_rate"}  # the tune's capacities are request rates
+    interval, gain = capacity.get("interval") or [None, None], capacity.get("gain_interval") or [None, None]
     chosen = CapacityEntry(
         configuration=name, method="chosen", status=capacity["status"], capacity=capacity["capacity_rps"],
+        capacity_low=interval[0], capacity_high=interval[1],
         bracket_low=capacity["bracket"][0], bracket_high=capacity["bracket"][1],
         usd_per_mtok_at_capacity=capacity["usd_per_mtok_at_capacity"], gain_vs_baseline=capacity["gain_vs_baseline"],
-        gain_beyond_brackets=None if capacity.get("brackets") is None else capacity["brackets"] != "within",
-        replicas_for_traffic=capacity["replicas_for_traffic"], **common)
+        gain_low=gain[0], gain_high=gain[1], verdict=capacity.get("verdict"),
+        replicas_for_traffic=capacity["replicas_for_traffic"], replicas_range=_pair(capacity.get("replicas_range")),
+        **common)
+    baseline_interval = capacity.get("baseline_interval") or [None, None]
     baseline = CapacityEntry(
         configuration="baseline", method="baseline", status=capacity["baseline_status"],
-        capacity=capacity["baseline_capacity_rps"], bracket_low=capacity["baseline_bracket"][0],
+        capacity=capacity["baseline_capacity_rps"], capacity_low=baseline_interval[0],
+        capacity_high=baseline_interval[1], bracket_low=capacity["baseline_bracket"][0],
         bracket_high=capacity["baseline_bracket"][1],
         usd_per_mtok_at_capacity=capacity["baseline_usd_per_mtok_at_capacity"],
-        replicas_for_traffic=capacity["baseline_replicas_for_traffic"], **common)
+        replicas_for_traffic=capacity["baseline_replicas_for_traffic"],
+        replicas_range=_pair(capacity.get("baseline_replicas_range")), **common)
     return capacity_sentence(chosen, baseline, usd_per_hour=capacity.get("usd_per_hour"),
                              traffic_rps=capacity["traffic_rps"])
+
+
+def _pair(value: Any) -> tuple[int, int] | None:
+    return None if value is None else (int(value[0]), int(value[1]))
 
 
 def _text(value: Any) -> str:

@@ -29,13 +29,14 @@ WARMUP_TEXT = "Before it is measured, the engine answers a few requests like thi
 def request_plan(session: "ServerSession", spec: PointSpec) -> list[tuple[int, Any, int, int]]:
     """(prompt index, prompt, repeat, seed) per request. Closed loop: every prompt x repeat. At a request rate:
     `load.requests` requests (default: as many), prompts drawn in a seeded order — with replacement when more
-    requests than prompts are asked for, a prompt's repeat counting its draws — the same for every point."""
+    requests than prompts are asked for, a prompt's repeat counting its draws — the same for every configuration at
+    one level (`draw_seed`)."""
     profile, run, prompts = session.profile, session.profile.run, session.prompts
     if not spec.open_loop:
         return [(index, prompt, repeat, run.seed + 1000 * index + repeat)
                 for index, prompt in enumerate(prompts) for repeat in range(run.repeats)]
     count = profile.load.requests or len(prompts) * run.repeats
-    rng = random.Random(run.seed)
+    rng = random.Random(draw_seed(run.seed, spec, count))
     drawn = rng.sample(range(len(prompts)), count) if count <= len(prompts) else rng.choices(range(len(prompts)), k=count)
     seen: dict[int, int] = {}
     plan = []
@@ -43,6 +44,15 @@ def request_plan(session: "ServerSession", spec: PointSpec) -> list[tuple[int, A
         repeat = seen[index] = seen.get(index, -1) + 1
         plan.append((index, prompts[index], repeat, run.seed + 1000 * index + repeat))
     return plan
+
+
+def draw_seed(seed: int, spec: PointSpec, count: int) -> int:
+    """The seed of one request-rate level's draws, its prompts and its arrivals: from the run's seed, the rate and
+    the number of requests. Every configuration at one level gets the same draws (common random numbers: the
+    difference between two configurations is not the draw's); each level its own, and a level sent again with more
+    requests (a capacity probe confirmed) a new draw rather than the first one's prefix."""
+    key = f"{seed}|{float(spec.request_rate)!r}|{count}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
 
 
 def warmup_requests(session: "ServerSession", spec: PointSpec, requests: list[client.Request],
@@ -95,7 +105,8 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
             gpus.watched(session.gpu_uuids(), session.server.engine_pids if session.server else list) as gpu:
         if spec.open_loop:
             arrivals = client.arrival_times(len(requests), request_rate=spec.request_rate,
-                                            burstiness=session.profile.load.burstiness, seed=run.seed)
+                                            burstiness=session.profile.load.burstiness,
+                                            seed=draw_seed(run.seed, spec, len(requests)))
             for response in client.run_open_loop(url, requests, arrivals, **call):
                 record(response)
         else:
