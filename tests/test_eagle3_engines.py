@@ -12,6 +12,11 @@ tokens natively and in llama.cpp against vLLM's 792). With 256 tokens, where fiv
 and vLLM both accept [72, 5, 0]. So: llama.cpp equals native within one token per position (numerics); vLLM lies
 between native's counts and native's plus one per position for each request that ended at its length limit.
 
+Fewer requests do not do: with 4 prompts of 32 tokens (the first prompt of each category) the machine's cached
+head accepted nothing on any backend, so the test keeps 6 prompts and 48 tokens. Each step's seconds are printed
+with the positions (pytest -s): 4 prompts x 32 tokens alone on the AMD EPYC took native 79 s, vLLM 128 s (two
+launches), the target to GGUF 12 s, llama.cpp 60 s, the head taken from the cache.
+
 The head is distilled once, by `specbench heads train --quick` with fewer prompts and epochs (24 prompts, 8 epochs:
 about 2 minutes on a 2-core AMD EPYC, where the quick preset's 48 prompts and 20 epochs took 8), and the same folder
 is given to all three backends; `trained:PRESET` in a profile is tested on a tiny target (tests/test_heads.py).
@@ -23,6 +28,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -120,17 +127,30 @@ def _distil(folder: Path) -> str:
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("eagle3-engines")
     before = processes_running(b"vllm") | processes_running(b"llama-server")
-    head = _distil(folder)
-    done = {"native": _run(folder, "native", PROFILES["native"], head=head)}
+    seconds: dict[str, float] = {}  # what each step took, printed with the positions (pytest -s shows them)
+    with _timed(seconds, "distillation"):
+        head = _distil(folder)
+    with _timed(seconds, "native"):
+        done = {"native": _run(folder, "native", PROFILES["native"], head=head)}
     if VLLM_PYTHON.exists():
-        done["vllm"] = _run(folder, "vllm", PROFILES["vllm"], head=head)
+        with _timed(seconds, "vllm"):
+            done["vllm"] = _run(folder, "vllm", PROFILES["vllm"], head=head)
     if CONVERTER is not None:
-        target = to_gguf(hf_folder(TARGET), folder / "target-f32.gguf", converter=CONVERTER)
-        done["llama.cpp"] = _run(folder, "llama", PROFILES["llama.cpp"].format(binary=LLAMA_SERVER, target=target),
-                                 head=head)
+        with _timed(seconds, "target to GGUF"):
+            target = to_gguf(hf_folder(TARGET), folder / "target-f32.gguf", converter=CONVERTER)
+        with _timed(seconds, "llama.cpp"):
+            done["llama.cpp"] = _run(folder, "llama", PROFILES["llama.cpp"].format(binary=LLAMA_SERVER,
+                                                                                   target=target), head=head)
     after = processes_running(b"vllm") | processes_running(b"llama-server")
-    print(json.dumps({name: _positions(points) for name, (points, _, _) in done.items()}))
+    print(json.dumps({"seconds": seconds, **{name: _positions(points) for name, (points, _, _) in done.items()}}))
     return done, after - before
+
+
+@contextmanager
+def _timed(seconds: dict[str, float], step: str):
+    started = time.monotonic()
+    yield
+    seconds[step] = round(time.monotonic() - started, 1)
 
 
 def _accepted(runs, name: str) -> list[int]:
