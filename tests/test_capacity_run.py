@@ -147,6 +147,12 @@ def folder(tmp_path, monkeypatch):
     return tmp_path
 
 
+def by_configuration(folder) -> dict[tuple[str, str], dict]:
+    """capacity.json's entries by (configuration, axis)."""
+    return {(e["configuration"], e["axis"]): e
+            for e in json.loads((folder / "out" / "capacity.json").read_text())["configurations"]}
+
+
 def run(monkeypatch, engine: StandIn, *args: str):
     monkeypatch.setattr(specbench.sweep.context, "get_backend", lambda name: engine)
     return CliRunner().invoke(app, ["run", "standin.toml", "--out", "out", *args])
@@ -250,8 +256,7 @@ def test_a_configuration_that_misses_the_slo_at_its_lowest_rate_is_recorded_and_
     engine = StandIn({"baseline": 1.3, "ngram": 0.0}, {"baseline": 3, "ngram": 1})
     result = run(monkeypatch, engine)
     assert result.exit_code == 1, result.output
-    found = {(e["configuration"], e["axis"]): e
-             for e in json.loads((folder / "out" / "capacity.json").read_text())["configurations"]}
+    found = by_configuration(folder)
     entry = found["ngram γ3", "request_rate"]
     assert entry["status"] == "not bracketed: misses the SLO at its lowest rate 0.25"
     assert [p["load"] for p in entry["probes"]] == [1.0, 0.5, 0.25]
@@ -266,8 +271,7 @@ def test_a_configuration_whose_requests_alone_miss_the_slo_is_not_searched(folde
     engine = StandIn({"baseline": 1.3, "ngram": 0.0}, {"baseline": 3, "ngram": 0})
     result = run(monkeypatch, engine)
     assert result.exit_code == 1, result.output
-    found = {(e["configuration"], e["axis"]): e
-             for e in json.loads((folder / "out" / "capacity.json").read_text())["configurations"]}
+    found = by_configuration(folder)
     entry = found["ngram γ3", "request_rate"]
     # TTFT 5 s one request at a time against a 1 s limit: no rate can do better, so no rate is probed
     reason = "one request at a time already misses it (ttft_ms p50 5000 > 1000, 4 requests)"
@@ -285,8 +289,7 @@ def test_a_probe_whose_point_fails_is_a_failing_probe_and_a_search_with_nothing_
                      broken=lambda spec: spec.open_loop and (spec.request_rate == 2.0 or spec.draft == "ngram"))
     result = run(monkeypatch, engine)
     assert result.exit_code == 1, result.output
-    entries = {(e["configuration"], e["axis"]): e
-               for e in json.loads((folder / "out" / "capacity.json").read_text())["configurations"]}
+    entries = by_configuration(folder)
     baseline = entries["baseline", "request_rate"]
     assert baseline["status"] == "found" and baseline["bracket_low"] <= 1.3 < baseline["bracket_high"]
     at_2 = baseline["probes"][1]

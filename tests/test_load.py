@@ -93,6 +93,19 @@ def test_each_rate_level_draws_its_own_prompts_and_arrivals_the_same_for_every_c
     assert np.allclose(np.diff([0.0, *same_seed])[:10] / gaps, (np.diff([0.0, *same_seed])[:10] / gaps)[0])
 
 
+def test_a_recorded_rate_point_is_reused_only_with_the_same_burstiness():
+    from specbench.sweep.context import RunContext
+
+    def key(burstiness: float, spec: PointSpec) -> str:
+        profile = session_of(10).profile
+        profile = profile.model_copy(update={"load": profile.load.model_copy(update={"burstiness": burstiness})})
+        return RunContext(profile, None, SimpleNamespace(draft_identity=lambda spec: None), "run").point_key(spec)
+
+    rate, closed = PointSpec.baseline(0.0, 1.0, request_rate=1.0), PointSpec.baseline(0.0, 1.0)
+    assert key(1.0, rate) != key(4.0, rate) and key(1.0, rate) == key(1.0, rate)
+    assert key(1.0, closed) == key(4.0, closed)  # in a closed loop no arrivals are drawn
+
+
 def rate_rows(spec: PointSpec, *, ttft: list[float], tpot: list[float], starts: list[float], e2e: float = 400.0):
     return [{"point_id": spec.point_id, "point_key": "k", "request_id": f"p{i}#0", "prompt_id": f"p{i}",
              "category": "qa", "repeat": 0, "seed": i, "prompt_tokens": 10, "output_tokens": 11, "ttft_ms": t,

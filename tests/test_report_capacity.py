@@ -277,6 +277,8 @@ def test_the_plot_has_attainment_with_its_ci_and_goodput_per_configuration_the_t
     assert marks["target 95%"][1] == [0.95, 0.95]
     assert marks["_capacity baseline"][0] == [1.0, 1.0] and marks["_capacity ngram γ3"][0] == [1.3, 1.3]
     assert "_capacity self γ1" not in marks  # no capacity found: no marker
+    bands = {patch.get_label(): patch.get_x() for patch in attainment.patches}  # each capacity's interval, shaded
+    assert set(bands) == {"_interval baseline", "_interval ngram γ3"} and bands["_interval ngram γ3"] == 1.3
     curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in goodput.get_lines()}
     assert curves["ngram γ3"] == ([1.0, 1.3, 1.4, 2.0], [1.0, 1.27, 1.19, 1.2])
     assert curves["_capacity ngram γ3"][0] == [1.3, 1.3]

@@ -133,32 +133,32 @@ def attainment_cell(value: Any) -> str:
 def display_capacity(report: CapacityReport, group: pd.DataFrame) -> pd.DataFrame:
     """One group's configurations as strings, a row each; the cost columns only with a price, the replicas only
     with a traffic figure (and a request rate: replicas serve requests per second)."""
+    entries = _entries(report, group)
     columns: dict[str, list[str]] = {
         "configuration": list(group["configuration"]),
         "capacity [interval]": [capacity_cell(row) for row in group.to_dict("records")],
         "bracket": [bracket_cell(row) for row in group.to_dict("records")],
         "met at low end": [attainment_cell(v) for v in group["attainment_low"]],
         "met at high end": [attainment_cell(v) for v in group["attainment_high"]],
-        "gain [interval]": ["-" if row["method"] == "baseline" else gain_text(_entry(row))
-                            for row in group.to_dict("records")],
+        "gain [interval]": ["-" if entry.is_baseline else gain_text(entry) for entry in entries],
     }
     if report.usd_per_hour is not None:
         columns["$/1M tokens"] = [usd(v) for v in group["usd_per_mtok_at_capacity"]]
         columns["cost change"] = [_against_baseline(row, "usd_per_mtok_change_vs_baseline")
                                   for row in group.to_dict("records")]
     if report.traffic_rps is not None and (group["axis"] == "request_rate").all():
-        columns["replicas"] = ["-" if missing(row["replicas_for_traffic"]) else replicas_text(_entry(row))
-                               for row in group.to_dict("records")]
+        columns["replicas"] = ["-" if missing(entry.replicas_for_traffic) else replicas_text(entry)
+                               for entry in entries]
     columns["status"] = [str(status) + ("" if missing(note) else f" ({note})")
                          for status, note in zip(group["status"], group["note"])]
     return pd.DataFrame(columns)
 
 
-def _entry(row: dict) -> CapacityEntry:
-    """A row of the configurations table as the entry the sentence's parts read."""
-    values = {key: (None if not isinstance(value, (tuple, list)) and missing(value) else value)
-              for key, value in row.items() if key in CONFIGURATION_COLUMNS}
-    return CapacityEntry(**values)
+def _entries(report: CapacityReport, group: pd.DataFrame) -> list[CapacityEntry]:
+    """The entries behind a group's rows, in the rows' order."""
+    named = {(e.configuration, e.temperature, e.top_p, e.axis): e for e in report.entries}
+    return [named[key] for key in group[["configuration", "temperature", "top_p", "axis"]].itertuples(index=False,
+                                                                                                     name=None)]
 
 
 def _against_baseline(row: dict, column: str) -> str:
@@ -181,9 +181,7 @@ def display_probes(probes: pd.DataFrame) -> pd.DataFrame:
 
 def headlines(report: CapacityReport, group: pd.DataFrame) -> list[str]:
     """The capacity sentence per speculative configuration of one group (temperature, top_p and load axis)."""
-    named = {(e.configuration, e.temperature, e.top_p, e.axis): e for e in report.entries}
-    shown = [named[key] for key in group[["configuration", "temperature", "top_p", "axis"]].itertuples(
-        index=False, name=None)]
+    shown = _entries(report, group)
     baseline = next((entry for entry in shown if entry.is_baseline), None)
     return [capacity_sentence(entry, baseline, usd_per_hour=report.usd_per_hour, traffic_rps=report.traffic_rps)
             for entry in shown if not entry.is_baseline]

@@ -320,8 +320,7 @@ def cost_at_capacity(probes: list[dict], capacity: float | None, *, axis: str,
                 and p.get("output_tokens") is not None]
     if not measured:
         return None
-    probe = max(measured, key=lambda p: p["load"])  # the last one at that load (a load sent again is decided by it)
-    probe = [p for p in measured if p["load"] == probe["load"]][-1]
+    probe = max(reversed(measured), key=lambda p: p["load"])  # the last at that load: a load sent again is its last
     rate = capacity if axis == "request_rate" else probe.get("request_throughput")
     if rate is None:
         return None
