@@ -93,17 +93,25 @@ def test_each_rate_level_draws_its_own_prompts_and_arrivals_the_same_for_every_c
     assert np.allclose(np.diff([0.0, *same_seed])[:10] / gaps, (np.diff([0.0, *same_seed])[:10] / gaps)[0])
 
 
-def test_a_recorded_rate_point_is_reused_only_with_the_same_burstiness():
+def test_a_recorded_rate_point_is_reused_only_with_the_same_burstiness_and_steady_window():
     from specbench.sweep.context import RunContext
 
-    def key(burstiness: float, spec: PointSpec) -> str:
+    def key(burstiness: float, spec: PointSpec, *, lead_in_s: float = 0.0, sent_lead_in_s: float | None = None) -> str:
         profile = session_of(10).profile
-        profile = profile.model_copy(update={"load": profile.load.model_copy(update={"burstiness": burstiness})})
-        return RunContext(profile, None, SimpleNamespace(draft_identity=lambda spec: None), "run").point_key(spec)
+        profile = profile.model_copy(update={"load": profile.load.model_copy(update={"burstiness": burstiness,
+                                                                                     "lead_in_s": lead_in_s})})
+        sent = profile if sent_lead_in_s is None else profile.model_copy(
+            update={"load": profile.load.model_copy(update={"lead_in_s": sent_lead_in_s})})
+        session = SimpleNamespace(draft_identity=lambda spec: None, profile=sent)
+        return RunContext(profile, None, session, "run").point_key(spec)
 
     rate, closed = PointSpec.baseline(0.0, 1.0, request_rate=1.0), PointSpec.baseline(0.0, 1.0)
     assert key(1.0, rate) != key(4.0, rate) and key(1.0, rate) == key(1.0, rate)
     assert key(1.0, closed) == key(4.0, closed)  # in a closed loop no arrivals are drawn
+    # a steady window is part of what was measured, at either kind of level, as the session sent it (a capacity
+    # probe sends its search's lead-in whatever [load] says)
+    for spec in (rate, closed):
+        assert key(1.0, spec) != key(1.0, spec, lead_in_s=5.0) == key(1.0, spec, sent_lead_in_s=5.0)
 
 
 def rate_rows(spec: PointSpec, *, ttft: list[float], tpot: list[float], starts: list[float], e2e: float = 400.0):

@@ -253,6 +253,9 @@ _POINT_COLUMNS = [
     "gpu_count", "gpu_peak_memory_mb", "gpu_memory_source", "gpu_utilization_pct", "gpu_energy_j", "gpu_window_s",
     "gpu_samples", "gpu_peak_reserved_mb", "energy_per_output_token_j", "engine_generated_tokens",
     "other_traffic_tokens", "engine_accept_length_gauge",
+    # added with steady-state points ([load] lead_in_s, window_s): the requests sent before the measured window and
+    # after it (not measured), and the window's span from its first request's send (or arrival) to its last's
+    "lead_in_requests", "tail_requests", "window_s",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -271,7 +274,8 @@ _POINT_DTYPES = {
     "requests_waiting_peak": "Int64", "preemptions": "Int64", "metrics_samples": "Int64",
     "gpu_count": "Int64", "gpu_memory_source": "string", "gpu_utilization_pct": "float64", "gpu_energy_j": "float64",
     "gpu_samples": "Int64", "energy_per_output_token_j": "float64", "engine_generated_tokens": "float64",
-    "other_traffic_tokens": "float64", "engine_accept_length_gauge": "float64",
+    "other_traffic_tokens": "float64", "engine_accept_length_gauge": "float64", "lead_in_requests": "Int64",
+    "tail_requests": "Int64",
     **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }

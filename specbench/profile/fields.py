@@ -28,6 +28,7 @@ class Table(BaseModel):
 PositiveInt = Annotated[StrictInt, check(lambda v: v >= 1, "an integer >= 1")]
 PositiveFloat = Annotated[float, Strict(), check(lambda v: v > 0, "a number > 0")]
 NonNegativeInt = Annotated[StrictInt, check(lambda v: v >= 0, "an integer >= 0")]
+NonNegativeFloat = Annotated[float, Strict(), check(lambda v: v >= 0, "a number >= 0")]
 Share = Annotated[float, Strict(), check(lambda v: 0 < v <= 1, "a number in (0, 1]")]
 Temperature = Annotated[float, Strict(), check(lambda v: v >= 0, "a number >= 0")]
 TopP = Annotated[float, Strict(), check(lambda v: 0 < v <= 1, "a number in (0, 1]")]

@@ -43,9 +43,13 @@ class RunContext:
 
     def point_key(self, spec: PointSpec) -> str:
         """What makes a point's measurements reusable: the run's configuration, the point, its draft's identity; at
-        a request rate, the shape of its arrivals and how they are drawn (per level since draws version 2)."""
-        load = self.profile.load
+        a request rate, the shape of its arrivals and how they are drawn (per level since draws version 2); in a
+        steady state, its lead-in and window (as the session sends them: a capacity probe's are its search's)."""
+        # a server session's profile is what it sends: during a capacity probe, the search's lead-in and window
+        load = (self.session.profile if self.profile.backend == "server" else self.profile).load
         sent = {"burstiness": load.burstiness, "draws": 2} if spec.open_loop else {}
+        if load.steady:
+            sent |= {"lead_in_s": load.lead_in_s, "window_s": load.window_s}
         return stable_hash({"run": self.run_key, "point": spec.identity(),
                             "draft_identity": self.session.draft_identity(spec), **sent})
 

@@ -32,14 +32,15 @@ from specbench.core.errors import OneLineError
 
 # a point's constant columns: what ran it, how quiet the machine was meanwhile, and what a serving engine
 # counted over the point (acceptance, peak memory, what it held: KV cache, queue, preemptions), what the point's GPUs
-# showed (NVML) and, attached, the tokens other traffic took
+# showed (NVML), attached, the tokens other traffic took, and in a steady state what was sent around the window
 CONTEXT_COLUMNS = ("backend", "target_model", "weight_mb", "point_key", "other_cpu_share", "gpu_other_processes",
                    "acceptance_source", "engine_drafts", "engine_draft_tokens", "engine_accepted_tokens",
                    "engine_accepted_per_position", "server_peak_rss_mb", "kv_cache", "kv_cache_reason",
                    "kv_cache_usage_peak", "kv_cache_usage_mean", "requests_running_peak", "requests_waiting_peak",
                    "preemptions", "metrics_samples", "gpu_count", "gpu_peak_memory_mb", "gpu_memory_source",
                    "gpu_utilization_pct", "gpu_energy_j", "gpu_window_s", "gpu_samples", "gpu_peak_reserved_mb",
-                   "engine_generated_tokens", "other_traffic_tokens", "engine_accept_length_gauge")
+                   "engine_generated_tokens", "other_traffic_tokens", "engine_accept_length_gauge",
+                   "lead_in_requests", "tail_requests", "window_s")
 
 
 class ResumeError(OneLineError, ValueError):

@@ -140,7 +140,8 @@ class ServerSession:
         """The deadlines of a point starting now, and what tells that its engine exited or hung."""
         timeout = watch.point_timeout_s(self.settings.point_timeout_s, timeouts=[r.timeout_s for r in requests],
                                         concurrency=spec.concurrency, request_rate=spec.request_rate,
-                                        warmup=self.profile.run.warmup * (spec.concurrency or 1))
+                                        warmup=self.profile.run.warmup * (spec.concurrency or 1),
+                                        lead_in_s=self.profile.load.lead_in_s, window_s=self.profile.load.window_s)
         return watch.limits(url=self.server.url if self.server is not None else self.url_of(spec), server=self.server,
                             point_timeout=timeout)
 

@@ -69,8 +69,10 @@ def describe_errors(errors: list[str], *, kinds: int = 3) -> str:
 
 
 async def _attempt(session: aiohttp.ClientSession, url: str, request: Request, *, model: str, origin: float,
-                   headers: dict[str, str], state: _State, scheduled_s: float | None = None) -> Response:
-    """One request within its deadline; a failure is recorded on its response, never raised."""
+                   headers: dict[str, str], state: _State, scheduled_s: float | None = None,
+                   counted: bool = True) -> Response:
+    """One request within its deadline; a failure is recorded on its response, never raised (and, where it is
+    `counted`, among the failures that may fail the point)."""
     response = Response(request.index, start_s=time.perf_counter() - origin, scheduled_s=scheduled_s)
     state.in_flight += 1
     try:
@@ -86,7 +88,7 @@ async def _attempt(session: aiohttp.ClientSession, url: str, request: Request, *
         state.in_flight -= 1
         state.finished += 1
         state.touch()
-    if response.error is not None:
+    if response.error is not None and counted:
         state.errors.append(response.error)
     return response
 

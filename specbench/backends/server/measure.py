@@ -10,6 +10,7 @@ import random
 import statistics
 import time
 from dataclasses import asdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from specbench.backends.base import AfterPrompt, OnRequest
@@ -17,6 +18,7 @@ from specbench.backends.server import client
 from specbench.backends.server.metrics import LoadSummary, SpecCounters, spec_counters, summarize_load
 from specbench.backends.server.process import peak_rss_mb, reset_peak_rss
 from specbench.backends.server.sampler import MetricsSampler
+from specbench.backends.server.steady import Window, gamma_arrivals, run_steady
 from specbench.core import gpus
 from specbench.core.results import PointSpec, prompt_columns
 
@@ -47,11 +49,12 @@ def request_plan(session: "ServerSession", spec: PointSpec) -> list[tuple[int, A
 
 
 def draw_seed(seed: int, spec: PointSpec, count: int) -> int:
-    """The seed of one request-rate level's draws, its prompts and its arrivals: from the run's seed, the rate and
-    the number of requests. Every configuration at one level gets the same draws (common random numbers: the
-    difference between two configurations is not the draw's); each level its own, and a level sent again with more
-    requests (a capacity probe confirmed) a new draw rather than the first one's prefix."""
-    key = f"{seed}|{float(spec.request_rate)!r}|{count}".encode()
+    """The seed of one load level's draws, its prompts and (at a request rate) its arrivals: from the run's seed, the
+    level and the number of requests. Every configuration at one level gets the same draws (common random numbers:
+    the difference between two configurations is not the draw's); each level its own, and a level sent again with
+    more requests (a capacity probe confirmed) a new draw rather than the first one's prefix."""
+    level = f"{float(spec.request_rate)!r}" if spec.open_loop else f"c{spec.concurrency or 1}"
+    key = f"{seed}|{level}|{count}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
 
 
@@ -78,7 +81,10 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
     requests = [client.Request(i, [dict(m) for m in prompt.messages], spec.temperature, spec.top_p, budgets[index],
                                seed, ignore_eos, session.request_timeout_s(budgets[index]))
                 for i, (index, prompt, _, seed) in enumerate(plan)]
-    limits = session.limits(spec, requests)
+    load = session.profile.load
+    # a steady point measures at least load.requests (default: every prompt x repeat), at either kind of level
+    count = (load.requests or len(session.prompts) * run.repeats) if load.steady else len(requests)
+    limits = session.limits(spec, [requests[i % len(requests)] for i in range(count)])
     call = dict(model=session.model_name, api_key=session.api_key, keep_alive=session.keep_alive, limits=limits)
     warmup = warmup_requests(session, spec, requests, run.warmup * concurrency)
     if warmup:  # not measured; every one failing says the engine does not serve
@@ -93,22 +99,24 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
     reset_peak_rss(pids)
     rows: list[dict[str, Any]] = []
 
-    def record(response: client.Response) -> None:
-        index, prompt, repeat, seed = plan[response.index]
+    def record(response: client.Response, prompt, repeat: int, seed: int) -> None:
         rows.append(request_row(spec, response, session=session, point_key=point_key, prompt=prompt, repeat=repeat,
                                 seed=seed))
         on_request()
 
     # what the engine holds (KV cache, queue, preemptions) sampled from its /metrics while the requests run, and on
     # GPUs what its processes hold there, how busy the GPUs are and the energy they use (NVML)
+    steady: dict[str, Any] = {"lead_in_requests": None, "tail_requests": None, "window_s": None}
     with MetricsSampler(url, prefix=prefix, api_key=session.api_key) as sampler, \
             gpus.watched(session.gpu_uuids(), session.server.engine_pids if session.server else list) as gpu:
-        if spec.open_loop:
+        if load.steady:
+            steady = steady_point(session, spec, url=url, call=call, record=record)
+        elif spec.open_loop:
             arrivals = client.arrival_times(len(requests), request_rate=spec.request_rate,
                                             burstiness=session.profile.load.burstiness,
                                             seed=draw_seed(run.seed, spec, len(requests)))
             for response in client.run_open_loop(url, requests, arrivals, **call):
-                record(response)
+                record(response, *plan[response.index][1:])
         else:
             # one request at a time: prompt by prompt, so a tune can prune after each; else all at the level's
             # concurrency
@@ -116,7 +124,7 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
                        if concurrency == 1 else [requests])
             for batch in batches:
                 for response in client.run(url, batch, concurrency=concurrency, **call):
-                    record(response)
+                    record(response, *plan[response.index][1:])
                 if after_prompt is not None and concurrency == 1:
                     after_prompt(rows)
     engine_gone(limits, waited_s=1.0 if any(row["error"] for row in rows) else 0.0)
@@ -125,7 +133,41 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
     measured = point_measurements(before, after, rows, peak_mb=peak_rss_mb(pids) if pids else None,
                                   speculates=spec.method != "baseline", load=sampler.summary(),
                                   attached=session.attached)
-    return rows, {**measured, **gpus.window_columns(gpu)}
+    return rows, {**measured, **steady, **gpus.window_columns(gpu)}
+
+
+def steady_point(session: "ServerSession", spec: PointSpec, *, url: str, call: dict[str, Any],
+                 record: Callable[..., None]) -> dict[str, Any]:
+    """A point in a steady state ([load] lead_in_s, window_s; backends/server/steady.py): requests drawn from the
+    prompts in a seeded order without end (the same for every configuration at the level), at the level's arrival
+    times or concurrency; each measured response recorded (`record(response, prompt, repeat, seed)`: a prompt's
+    repeat counts its measured requests). What the lead-in and the tail sent, and the window's span, as the point's
+    columns."""
+    load, run, prompts = session.profile.load, session.profile.run, session.prompts
+    at_least = load.requests or len(prompts) * run.repeats  # as measure_point's deadline counts them
+    seed = draw_seed(run.seed, spec, at_least)
+    draws, rng = [], random.Random(seed)
+    budgets, ignore_eos = session.workload.max_new_tokens, session.workload.ignore_eos
+
+    def make_request(index: int) -> client.Request:
+        while len(draws) <= index:
+            draws.append(rng.randrange(len(prompts)))
+        prompt = draws[index]
+        return client.Request(index, [dict(m) for m in prompts[prompt].messages], spec.temperature, spec.top_p,
+                              budgets[prompt], run.seed + 1000 * prompt + index, ignore_eos,
+                              session.request_timeout_s(budgets[prompt]))
+
+    window = Window(lead_in_s=load.lead_in_s, window_s=load.window_s, at_least=at_least)
+    arrivals = gamma_arrivals(request_rate=spec.request_rate, burstiness=load.burstiness, seed=seed) \
+        if spec.open_loop else None
+    result = run_steady(url, make_request, window, arrivals_s=arrivals,
+                        concurrency=None if spec.open_loop else spec.concurrency or 1, **call)
+    repeats: dict[int, int] = {}
+    for response in result.responses:
+        prompt = draws[response.index]
+        repeat = repeats[prompt] = repeats.get(prompt, -1) + 1
+        record(response, prompts[prompt], repeat, run.seed + 1000 * prompt + response.index)
+    return {"lead_in_requests": result.lead_in, "tail_requests": result.tail, "window_s": result.window_s}
 
 
 def engine_gone(limits: client.Limits, *, waited_s: float) -> None:

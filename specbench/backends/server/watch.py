@@ -54,15 +54,24 @@ def request_timeout_s(configured: float | None, budget: int) -> float:
 
 
 def point_timeout_s(configured: float | None, *, timeouts: list[float], concurrency: int | None,
-                    request_rate: float | None, warmup: int) -> float:
+                    request_rate: float | None, warmup: int, lead_in_s: float = 0.0, window_s: float = 0.0) -> float:
     """The most a point may take: its warm-up and its requests, each using its whole deadline, in waves of the
-    point's concurrency; at a request rate, warm-up one at a time, then the schedule and one request's deadline."""
+    point's concurrency; at a request rate, warm-up one at a time, then the schedule and one request's deadline. In a
+    steady state (`lead_in_s`, `window_s`: the measured requests `timeouts` at least), the lead-in and the window
+    first: at a request rate, then the measured requests' schedule or the window, whichever is longer, and one
+    request's deadline; at a concurrency, the lead-in's requests in flight, the window, and the measured requests in
+    waves."""
     if configured is not None:
         return configured
     longest = max(timeouts, default=REQUEST_BASE_S)
+    waves = max(concurrency or 1, 1)
+    if lead_in_s > 0 or window_s > 0:
+        if request_rate is not None:
+            return warmup * longest + lead_in_s + max(window_s, len(timeouts) / request_rate) + longest
+        return math.ceil(warmup / waves) * longest + lead_in_s + window_s + (math.ceil(len(timeouts) / waves) + 1) * longest
     if request_rate is not None:
         return warmup * longest + len(timeouts) / request_rate + longest
-    return math.ceil((len(timeouts) + warmup) / max(concurrency or 1, 1)) * longest
+    return math.ceil((len(timeouts) + warmup) / waves) * longest
 
 
 # --- signs of work over a window --------------------------------------------------------------------------------
