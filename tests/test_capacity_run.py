@@ -69,6 +69,7 @@ class StandIn:
         self.rates, self.concurrency, self.broken = rates, concurrency, broken  # broken(spec): the point fails
         self.points: list[str] = []  # the points it was asked to run, in order
         self.sent: list[int] = []
+        self.windows: dict[str, tuple[float, float]] = {}  # per point: the lead-in and window it was sent with
 
     def open(self, profile, *, observer, out_dir=None):
         return StandInSession(profile, self)
@@ -102,6 +103,7 @@ class StandInSession:
             raise RuntimeError("the engine died")
         plan = request_plan(self, spec)  # as the server backend plans it: [load] requests, or prompts x repeats
         self.engine.sent.append(len(plan))
+        self.engine.windows[spec.point_id] = (self.profile.load.lead_in_s, self.profile.load.window_s)
         configuration = spec.point_id.split("-t")[0]  # "ngram-g3" (or "ngram-n2-g3" in a tune), else by draft
         if spec.open_loop:
             starts = [s * 1e3 for s in arrival_times(len(plan), request_rate=spec.request_rate, burstiness=1.0,
@@ -218,6 +220,15 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
             f"{percent_change(ngram['gain_high'])}], measurably higher, $") in " ".join(result.output.split())
     assert "per 1M output tokens" in result.output and "replicas for 5.0 requests/s" in result.output
 
+    # every probe in the search's steady state ([capacity] lead_in_s, window_s: 10 and 30 by default), but one request
+    # at a time: the serial point, which the concurrency-1 probe is
+    assert {point: window for point, window in engine.windows.items() if not point.endswith("-p1")} == {
+        point: (10.0, 30.0) for point in engine.windows if not point.endswith("-p1")}
+    assert engine.windows["baseline-t0-p1"] == engine.windows["ngram-g3-t0-p1"] == (0.0, 0.0)
+    assert ("baseline: each probe is a 10 s lead-in at its load (not measured), then at least 16 requests sent over "
+            "at least 30 s measured, the load held until they finish: about 41 s at 1 requests/s; at most 12 probes"
+            in " ".join(result.output.split()))
+
     engine.points.clear()  # the same search again: every probe is reused from the files, nothing runs
     again = run(monkeypatch, engine)
     assert again.exit_code == 0, again.output
@@ -229,26 +240,27 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
 
 def test_a_straddling_bracket_end_is_sent_again_with_twice_the_requests(folder, monkeypatch):
     (folder / "standin.toml").write_text(PROFILE.replace("attainment = 0.8", "attainment = 0.9")
-                                         .replace("concurrency = true", "max_requests = 32"))
+                                         .replace("concurrency = true", "max_requests = 64"))
     engine = StandIn({"baseline": 1.3, "ngram": 1.7}, {})
     result = run(monkeypatch, engine)
     assert result.exit_code == 0, result.output
     document = json.loads((folder / "out" / "capacity.json").read_text())
     probes = document["configurations"][0]["probes"]
     # 16 of 16 is [0.81, 1.00]: it straddles 0.9 and leans pass; once the bracket is [1.3, 1.41], 1.3 is sent again
-    # with 32 requests: [0.89, 1.00] still straddles, at the most requests: its point estimate decides
+    # with 32 requests: [0.89, 1.00] still straddles; with 64, [0.94, 1.00] is a pass (it takes 35 to confirm 0.9:
+    # a max_requests below that is refused up front, tests/test_profile.py)
     assert [(p["load"], p["n_requests"], p["decision"]) for p in probes] == [
         (1.0, 16, "undecided (leans pass)"), (2.0, 16, "fail"), (1.41, 16, "fail"),
         (1.19, 16, "undecided (leans pass)"), (1.3, 16, "undecided: add requests"),
-        (1.3, 32, "pass (point estimate: the interval still straddles the target at 32 requests)")]
-    assert engine.sent[:7] == [4, 16, 16, 16, 16, 16, 32]  # the serial point (every prompt once), then the probes
+        (1.3, 32, "undecided: add requests"), (1.3, 64, "pass")]
+    assert engine.sent[:8] == [4, 16, 16, 16, 16, 16, 32, 64]  # the serial point (every prompt once), then the probes
     points = pd.read_parquet(folder / "out" / "points.parquet").set_index("point_id")
-    assert points.loc["baseline-t0-p1-r1.3", "n_requests"] == 32  # the larger sample replaced the smaller
-    entry = document["configurations"][0]  # the fit: 1.0 at 1.3 (all 32 of the larger sample), 0.0 at 1.41
+    assert points.loc["baseline-t0-p1-r1.3", "n_requests"] == 64  # the larger sample replaced the smaller
+    entry = document["configurations"][0]  # the fit: 1.0 at 1.3 (all 64 of the larger sample), 0.0 at 1.41
     assert (entry["capacity"], entry["bracket_high"], entry["note"]) == (pytest.approx(1.3 * (1.41 / 1.3) ** 0.1), 1.41,
                                                                          None)
-    assert entry["curve"][2] == [1.3, 32, 1.0]  # the load's requests are those of its last probe (the files' point)
-    assert entry["attainment_low"][:2] == [1.0, pytest.approx(32 / (32 + 1.959964**2))]
+    assert entry["curve"][2] == [1.3, 64, 1.0]  # the load's requests are those of its last probe (the files' point)
+    assert entry["attainment_low"][:2] == [1.0, pytest.approx(64 / (64 + 1.959964**2))]
 
 
 def test_a_configuration_that_misses_the_slo_at_its_lowest_rate_is_recorded_and_exits_1(folder, monkeypatch):
@@ -316,6 +328,18 @@ def test_a_probe_whose_point_fails_is_a_failing_probe_and_a_search_with_nothing_
      '"native" runs one request at a time), or remove [capacity]'),
     (lambda p: p.replace("resolution = 0.1", "resolution = 0.1\nresolution_rps = 0.2"),
      "capacity.resolution_rps: give one of resolution (relative, e.g. 0.1) and resolution_rps (requests/s), not both"),
+    (lambda p: p.replace("attainment = 0.8\n", "").replace("requests = 16", "requests = 16\nmax_requests = 64"),
+     "capacity.max_requests: 64 requests per probe can never confirm attainment 0.95 at confidence 0.95, even when "
+     "every one meets the SLO (it takes 73 requests): raise max_requests to 73, or lower attainment or confidence"),
+    (lambda p: p.replace("attainment = 0.8", "attainment = 0.99"),
+     "capacity.requests: 64 requests per probe can never confirm attainment 0.99 at confidence 0.95, even when every "
+     "one meets the SLO (it takes 381 requests): raise requests (probes grow to 4 x requests) or set max_requests to "
+     "381, or lower attainment or confidence"),
+    (lambda p: p.replace("attainment = 0.8", "attainment = 1.0"),
+     "capacity.attainment: 1 can never be confirmed: a probe's interval never reaches it, however many requests meet "
+     "the SLO; use a share below 1, e.g. 0.99"),
+    (lambda p: p.replace("requests = 16", "requests = 16\nlead_in_s = -1.0"),
+     "capacity.lead_in_s: must be a number >= 0 (got -1.0)"),
 ])
 def test_bad_capacity_or_cost_input_is_one_line_exit_2_and_nothing_written(folder, edit, message):
     (folder / "bad.toml").write_text(edit(PROFILE))

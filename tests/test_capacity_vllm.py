@@ -3,7 +3,8 @@ installed) on the embedded SmolLM2: `specbench run` must find a knee — a passi
 baseline and for n-gram speculation. Every probe is a recorded rate point, and no vLLM is left behind.
 Kept short: eager vLLM in one process (ready in ~35 s), the shortest prompts of builtin:mixed (43-81 tokens) and
 8-token outputs, 12 requests per probe and no repeat of an undecided one (its point estimate decides), an 80 %
-confidence, a 50 % resolution. The SLO (TTFT 4 s, TPOT 300 ms) holds several times over for a request alone on every
+confidence, a 50 % resolution, a lead-in of 1.5 s and a 2 s window (at these rates the 12 requests take longer to
+arrive: the window is theirs). The SLO (TTFT 4 s, TPOT 300 ms) holds several times over for a request alone on every
 machine seen here (serial TPOT ~50 ms on the Xeon, 113-115 ms and TTFT ~0.85 s on the AMD EPYC with 16 tokens of
 the longer prompts), so the knee is where requests queue, not where one request alone misses the SLO: with TPOT
 100 ms the EPYC's serial requests already missed it and the search probed down to a quarter of its start before it
@@ -29,6 +30,7 @@ from test_server_vllm import needs_vllm, vllm_pids, vllm_server
 pytestmark = pytest.mark.alone  # a knee found by probing rates: nothing may share the cores
 
 RESOLUTION = 0.5
+LEAD_IN_S = 1.5
 PROFILE = f"""
 name = "vllm-capacity"
 {vllm_server(max_num_seqs=8)}[[drafts]]
@@ -52,6 +54,8 @@ attainment = 0.75
 confidence = 0.8
 requests = 12
 max_requests = 12
+lead_in_s = {LEAD_IN_S}
+window_s = 2.0
 resolution = {RESOLUTION}
 max_probes = 16
 [cost]
@@ -104,6 +108,11 @@ def test_the_search_finds_a_knee_for_the_baseline_and_n_gram(run):
             row = points.loc[probe["point_id"]]
             assert row["status"] == "ok" and row["request_rate"] == probe["load"]
             assert row["n_requests"] >= probe["n_requests"]
+            # in a steady state: a lead-in and a tail around the window (either may be empty at a low rate), the
+            # window measured from its first arrival at or after the lead-in to the last
+            assert row["lead_in_requests"] >= 0 and row["tail_requests"] >= 0 and row["window_s"] > 0
+    probes = points[points["request_rate"].notna()]
+    assert probes["lead_in_requests"].sum() > 0 and probes["tail_requests"].sum() > 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert [c["configuration"] for c in manifest["capacity"]] == ["baseline", "ngram γ3"]
     assert "holds the SLO up to" in result.stdout and "per 1M output tokens" in result.stdout

@@ -7,7 +7,8 @@ from typing import Annotated
 
 from pydantic import Strict, StrictBool, model_validator
 
-from specbench.profile.fields import PositiveFloat, PositiveInt, Share, Table
+from specbench.profile.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Share, Table
+from specbench.capacity.search import fewest_to_confirm
 from specbench.profile.validation import check, rule
 
 _Confidence = Annotated[float, Strict(), check(lambda v: 0 < v < 1, "a number in (0, 1), e.g. 0.95")]
@@ -22,9 +23,15 @@ class CapacitySpec(Table):
     confidence: _Confidence = 0.95  # the level of each probe's Wilson interval
     resolution: PositiveFloat | None = None  # relative: stop once the bracket's ends are within this fraction (0.1)
     resolution_rps: PositiveFloat | None = None  # or absolute, in requests/s
-    requests: PositiveInt = 16  # per probe
+    requests: PositiveInt = 40  # measured per probe, at least
     max_requests: PositiveInt | None = None  # a probe whose interval straddles the target is repeated with twice the
-    # requests, up to this (default 4 x requests); then its point estimate decides
+    # requests, up to this (default 4 x requests); then its point estimate decides. It must be able to confirm the
+    # attainment: all of max_requests meeting the SLO put the interval above it (0.95 at 95 %: 73 requests)
+    # each probe in a steady state ([load] lead_in_s and window_s, for the probes): a lead-in at the probe's load that
+    # is not measured, then the requests sent in a window of window_s seconds (and until `requests` were) measured,
+    # the load kept up until they finished. 0 and 0: every request measured, from an idle engine to its drain
+    lead_in_s: NonNegativeFloat = 10.0
+    window_s: NonNegativeFloat = 30.0
     max_probes: PositiveInt = 12  # per configuration and axis
     max_time_s: PositiveFloat | None = None  # per configuration and axis: no new probe once its probes took this long
     start_rps: PositiveFloat | None = None  # the first rate probed (default: 1 / mean e2e at concurrency 1)
@@ -41,8 +48,17 @@ class CapacitySpec(Table):
                        at=("resolution_rps",))
         if self.max_requests is not None and self.max_requests < self.requests:
             raise rule(f"must be >= requests = {self.requests} (got {self.max_requests})", at=("max_requests",))
-        if self.lowest_rps is not None and self.highest_rps is not None and self.lowest_rps >= self.highest_rps:
-            raise rule(f"must be > lowest_rps = {self.lowest_rps:g} (got {self.highest_rps:g})", at=("highest_rps",))
+        fewest = fewest_to_confirm(self.attainment, confidence=self.confidence)
+        if fewest is None:
+            raise rule(f"{self.attainment:g} can never be confirmed: a probe's interval never reaches it, however many "
+                       f"requests meet the SLO; use a share below 1, e.g. 0.99", at=("attainment",))
+        if fewest > self.requests_at_most:
+            key = "max_requests" if self.max_requests is not None else "requests"
+            raise rule(f"{self.requests_at_most} requests per probe can never confirm attainment {self.attainment:g} at "
+                       f"confidence {self.confidence:g}, even when every one meets the SLO (it takes {fewest} requests): "
+                       + ("raise max_requests" if key == "max_requests" else
+                          "raise requests (probes grow to 4 x requests) or set max_requests")
+                       + f" to {fewest}, or lower attainment or confidence", at=(key,))
         for key in ("lowest_rps", "highest_rps"):
             value = getattr(self, key)
             if value is not None and self.start_rps is not None and (

@@ -57,6 +57,7 @@ class CapacitySearch:
         self.entries: list[dict[str, Any]] = []
         self.probe_points: list[str] = []  # the probes' points that the sweep does not plan
         self._several_temperatures = len({(s.temperature, s.top_p) for s in order}) > 1
+        self._request_s: float | None = None  # one request alone, as the last serial point measured it
 
     def search(self, launch: list[PointSpec]) -> None:
         """Every (temperature, top_p) of one launch configuration, on each axis asked for."""
@@ -90,6 +91,7 @@ class CapacitySearch:
         except NoLoadCanPass as reason:
             self.observer.message(f"{name}: {reason}: no rate can hold the SLO, the search stops")
             return {**entry, **_empty(), "status": f"not bracketed: {reason}"}
+        self._say_probe_time(name, settings, axis)
         fewest = fewest_to_confirm(settings.target, confidence=settings.confidence)
         if fewest is None or fewest > settings.requests:
             self.observer.message(
@@ -102,7 +104,10 @@ class CapacitySearch:
         while not isinstance(step := next_probe(history, settings), Done):
             spec = serial.at_load(request_rate=step.load) if axis == "request_rate" else \
                 serial.at_load(concurrency=int(step.load))
-            rows, duration_s, reused, error = self._measure(spec, step.n_requests, open_loop=axis == "request_rate")
+            # one request at a time has no queue to fill or drain: the concurrency-1 probe is the serial point, as
+            # the sweep and the rate search's start send it (one key for one point)
+            rows, duration_s, reused, error = self._measure(spec, step.n_requests, open_loop=axis == "request_rate",
+                                                            steady=axis == "request_rate" or step.load > 1)
             # a probe whose point failed (pushed past the engine's limit on purpose, it died or timed out) met nothing
             probe = probe_of(rows, load=step.load, slo=self.slo, duration_s=duration_s,
                              open_loop=axis == "request_rate") if error is None else \
@@ -148,6 +153,19 @@ class CapacitySearch:
                 "output_tokens": measured.get("output_tokens"), "request_throughput": measured.get("request_throughput"),
                 "error": error}
 
+    def _say_probe_time(self, name: str, settings: SearchSettings, axis: str) -> None:
+        """How each probe is sent, and about how long the first one takes, before the search starts."""
+        spec = self.spec
+        if not (spec.lead_in_s or spec.window_s):
+            return
+        seconds = probe_seconds(spec, load=settings.start, n_requests=settings.requests, request_s=self._request_s,
+                                open_loop=axis == "request_rate")
+        self.observer.message(
+            f"{name}: each probe is a {spec.lead_in_s:g} s lead-in at its load (not measured), then at least "
+            f"{settings.requests} requests sent over at least {spec.window_s:g} s measured, the load held until they "
+            f"finish" + (f": about {seconds:.0f} s at {settings.start:.3g} requests/s" if seconds else "")
+            + f"; at most {settings.max_probes} probes")
+
     def _name(self, spec: PointSpec) -> str:
         """The configuration in the terminal's decision lines (with its temperature where the run has several)."""
         where = f" (temperature {spec.temperature:g}, top_p {spec.top_p:g})" if self._several_temperatures else ""
@@ -169,10 +187,11 @@ class CapacitySearch:
                                   highest=spec.max_concurrency, integer=True)
         start = spec.start_rps
         if start is None:  # the rate the engine serves one request at a time: 1 / mean e2e at concurrency 1
-            rows, _, _, error = self._measure(serial, 1, open_loop=False)
+            rows, _, _, error = self._measure(serial, 1, open_loop=False, steady=False)
             if error is not None:
                 raise ProbeFailed(error)
             start = 1e3 / float(rows["e2e_ms"].mean())
+            self._request_s = float(rows["e2e_ms"].mean()) / 1e3
             self.observer.message(f"{self._name(serial)}: one request at a time takes "
                                   f"{rows['e2e_ms'].mean() / 1e3:.2f} s: the search starts at {start:.3g} requests/s")
             if (missed := serial_misses(rows, self.slo, target=spec.attainment)) is not None:
@@ -180,20 +199,21 @@ class CapacitySearch:
         return SearchSettings(**common, resolution=spec.resolution_value, relative=spec.relative, start=start,
                               lowest=spec.lowest_rps or start / 4, highest=spec.highest_rps)
 
-    def _measure(self, spec: PointSpec, n_requests: int, *,
-                 open_loop: bool) -> tuple[pd.DataFrame | None, float, bool, str | None]:
+    def _measure(self, spec: PointSpec, n_requests: int, *, open_loop: bool,
+                 steady: bool = True) -> tuple[pd.DataFrame | None, float, bool, str | None]:
         """The point's request rows (at least `n_requests` of them): recorded, or measured now and recorded; how
-        long it took, whether it was reused, and why it failed (no rows then)."""
-        with self.files.lock():
-            recorded = self.files.recorded(spec, self.ctx)
-        if recorded is not None and len(recorded) >= n_requests:
-            return recorded, _span_s(recorded), True, None
-        with sending(self.ctx, n_requests, open_loop=open_loop) as sent:
+        long it took, whether it was reused, and why it failed (no rows then). A probe is sent in the search's steady
+        state; the serial point the search starts from (`steady=False`) as the sweep sends it."""
+        with sending(self.ctx, n_requests, open_loop=open_loop, steady=steady) as sent:
+            with self.files.lock():  # the point's key is what the session sends: inside `sending`
+                recorded = self.files.recorded(spec, self.ctx)
+            if recorded is not None and len(recorded) >= n_requests:
+                return recorded, _span_s(recorded), True, None
             self.observer.point_started(spec, sent)
             started = time.monotonic()
             run = self.evaluate(spec, self.ctx, observer=self.observer)
             duration_s = time.monotonic() - started
-        self.files.record(spec, self.ctx, run, order=self.order)
+            self.files.record(spec, self.ctx, run, order=self.order)
         if run.error is not None or not run.rows:
             return None, duration_s, False, f"{spec.point_id}: {run.error or 'no request was measured'}"
         return pd.DataFrame(run.rows), duration_s, False, None
@@ -237,22 +257,35 @@ def serial_misses(rows: pd.DataFrame, slo: dict[str, float], *, target: float) -
 
 
 @contextmanager
-def sending(ctx: RunContext, n_requests: int, *, open_loop: bool) -> Iterator[int]:
+def sending(ctx: RunContext, n_requests: int, *, open_loop: bool, steady: bool = True) -> Iterator[int]:
     """While the session sends a probe: `n_requests` at a request rate ([load] requests), or every prompt as many
-    times as it takes at a concurrency (run.repeats). Yields the requests it will send."""
-    profile = ctx.session.profile
+    times as it takes at a concurrency (run.repeats); in the search's steady state ([capacity] lead_in_s, window_s as
+    [load]'s, measuring at least `n_requests`). Yields the requests it will measure at least."""
+    profile, capacity = ctx.session.profile, ctx.profile.capacity
+    window = {"lead_in_s": capacity.lead_in_s, "window_s": capacity.window_s} if steady else {}
+    load = profile.load.model_copy(update={"requests": n_requests, **window})
     if open_loop:
-        changed = profile.model_copy(update={"load": profile.load.model_copy(update={"requests": n_requests})})
+        changed = profile.model_copy(update={"load": load})
         sent = n_requests
     else:
         repeats = max(profile.run.repeats, math.ceil(n_requests / len(ctx.session.prompts)))
-        changed = profile.model_copy(update={"run": profile.run.model_copy(update={"repeats": repeats})})
-        sent = repeats * len(ctx.session.prompts)
+        changed = profile.model_copy(update={"run": profile.run.model_copy(update={"repeats": repeats}),
+                                             "load": load if load.steady else profile.load})
+        sent = n_requests if load.steady else repeats * len(ctx.session.prompts)
     ctx.session.profile = changed
     try:
         yield sent
     finally:
         ctx.session.profile = profile
+
+
+def probe_seconds(capacity, *, load: float, n_requests: int, request_s: float | None, open_loop: bool) -> float | None:
+    """About how long a probe takes: its lead-in, its window (or the time its requests take to arrive, if longer) and
+    one request's own time (the tail's wait for the last measured one); None where that is unknown (at a
+    concurrency, or without a serial request's time)."""
+    if request_s is None or not open_loop:
+        return None
+    return capacity.lead_in_s + max(capacity.window_s, n_requests / load) + request_s
 
 
 def _span_s(rows: pd.DataFrame) -> float:
