@@ -102,10 +102,16 @@ def test_point_measurements_carry_what_the_engine_held_and_none_without_samples(
 
 def test_the_sampler_reads_metrics_while_the_point_runs_and_skips_what_does_not_answer(standin):
     server = standin(lambda body: answer(), metrics=VLLM_IDLE)
+    def samples_reach(count: int) -> None:  # by count, not by sleeping: a busy machine delays the sampler's thread
+        deadline = time.monotonic() + 30
+        while len(sampler.samples) < count:
+            assert time.monotonic() < deadline, f"{len(sampler.samples)} samples in 30 s"
+            time.sleep(0.01)
+
     with MetricsSampler(server.url, prefix="vllm:", api_key=None, interval_s=0.05) as sampler:
-        time.sleep(0.2)
+        samples_reach(2)
         server.metrics = VLLM_BUSY  # requests arrive
-        time.sleep(0.2)
+        samples_reach(len(sampler.samples) + 2)  # the second after the change is a busy one
         server.metrics = VLLM_IDLE  # and finish before the last sample
     summary = sampler.summary()
     assert summary.metrics_samples >= 4  # one per interval while the requests ran

@@ -18,8 +18,8 @@ import aiohttp
 
 from specbench.backends.server.stream import Request, RequestFailed, Response, payload, stream_response
 
-__all__ = ["PointAborted", "Request", "RequestFailed", "Response", "Limits", "arrival_times", "describe_errors",
-           "payload", "run", "run_open_loop", "get_json", "get_text", "answers"]
+__all__ = ["PointAborted", "Request", "RequestFailed", "Response", "Limits", "InFlight", "arrival_times", "attempt",
+           "describe_errors", "payload", "run", "run_open_loop", "supervise", "get_json", "get_text", "answers"]
 
 # Pooled connections idle at most this long. llama-server and uvicorn (vLLM, SGLang) close a kept-alive connection
 # after 5 s idle; a pooled connection the server already closed fails the next request written on it.
@@ -49,7 +49,7 @@ class Limits:
     stall_s: float = STALL_S
 
 
-class _State:
+class InFlight:
     """What the supervisor sees of the requests in flight."""
 
     def __init__(self, total: int):
@@ -68,8 +68,8 @@ def describe_errors(errors: list[str], *, kinds: int = 3) -> str:
     return text + (f"; and {len(counted) - kinds} other errors" if len(counted) > kinds else "")
 
 
-async def _attempt(session: aiohttp.ClientSession, url: str, request: Request, *, model: str, origin: float,
-                   headers: dict[str, str], state: _State, scheduled_s: float | None = None,
+async def attempt(session: aiohttp.ClientSession, url: str, request: Request, *, model: str, origin: float,
+                   headers: dict[str, str], state: InFlight, scheduled_s: float | None = None,
                    counted: bool = True) -> Response:
     """One request within its deadline; a failure is recorded on its response, never raised (and, where it is
     `counted`, among the failures that may fail the point)."""
@@ -93,7 +93,7 @@ async def _attempt(session: aiohttp.ClientSession, url: str, request: Request, *
     return response
 
 
-async def _supervise(work: asyncio.Future, state: _State, limits: Limits) -> PointAborted | None:
+async def supervise(work: asyncio.Future, state: InFlight, limits: Limits) -> PointAborted | None:
     """Wait for the point's requests; stop them (returns why) when the engine exits or hangs, when more than
     `fail_share` of them failed, or at the point's deadline."""
     while True:
@@ -128,7 +128,7 @@ async def run_load(url: str, requests: list[Request], *, model: str, concurrency
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     connector = aiohttp.TCPConnector(limit=concurrency or 0, force_close=not keep_alive,
                                      keepalive_timeout=KEEPALIVE_S if keep_alive else None)
-    state = _State(len(requests))
+    state = InFlight(len(requests))
     responses: list[Response] = []
     origin = time.perf_counter()
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
@@ -138,17 +138,17 @@ async def run_load(url: str, requests: list[Request], *, model: str, concurrency
 
             async def worker() -> None:
                 while queue:
-                    responses.append(await _attempt(session, url, queue.pop(), **call))
+                    responses.append(await attempt(session, url, queue.pop(), **call))
 
             tasks = [worker() for _ in range(min(concurrency or 1, len(requests)))]
         else:
             async def send(request: Request, at_s: float) -> None:
                 await asyncio.sleep(max(0.0, at_s - (time.perf_counter() - origin)))
-                responses.append(await _attempt(session, url, request, scheduled_s=at_s, **call))
+                responses.append(await attempt(session, url, request, scheduled_s=at_s, **call))
 
             tasks = [send(request, at) for request, at in zip(requests, arrivals_s)]
         work = asyncio.ensure_future(asyncio.gather(*tasks))
-        aborted = await _supervise(work, state, limits)
+        aborted = await supervise(work, state, limits)
         if aborted is not None:
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)

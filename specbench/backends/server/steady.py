@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import numpy as np
 
-from specbench.backends.server.client import KEEPALIVE_S, Limits, Request, Response, _attempt, _State, _supervise
+from specbench.backends.server.client import KEEPALIVE_S, Limits, Request, Response, attempt, InFlight, supervise
 
 LEAD_IN, WINDOW, TAIL = "lead-in", "window", "tail"
 
@@ -133,7 +133,7 @@ async def _steady(url: str, make_request: Callable[[int], Request], window: Wind
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     connector = aiohttp.TCPConnector(limit=concurrency or 0, force_close=not keep_alive,
                                      keepalive_timeout=KEEPALIVE_S if keep_alive else None)
-    state = _State(window.at_least)  # the supervisor's: failures of measured requests against at least at_least
+    state = InFlight(window.at_least)  # the supervisor's: failures of measured requests against at least at_least
     point = _Point(window)
     origin = time.perf_counter()
     indices = itertools.count()
@@ -143,7 +143,7 @@ async def _steady(url: str, make_request: Callable[[int], Request], window: Wind
 
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         async def send(index: int, phase: str, scheduled_s: float | None) -> None:
-            response = await _attempt(session, url, make_request(index), model=model, origin=origin, headers=headers,
+            response = await attempt(session, url, make_request(index), model=model, origin=origin, headers=headers,
                                       state=state, scheduled_s=scheduled_s, counted=phase == WINDOW)
             state.total = max(window.at_least, point.window_sent)
             point.finished(response, phase)
@@ -178,7 +178,7 @@ async def _steady(url: str, make_request: Callable[[int], Request], window: Wind
         senders = [asyncio.ensure_future(open_loop())] if arrivals_s is not None else \
             [asyncio.ensure_future(worker()) for _ in range(concurrency)]
         work = asyncio.ensure_future(point.done.wait())
-        aborted = await _supervise(work, state, limits)
+        aborted = await supervise(work, state, limits)
         for task in [*senders, *point.tasks, work]:
             task.cancel()
         await asyncio.gather(*senders, *list(point.tasks), work, return_exceptions=True)
