@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from specbench.capacity.search import (Done, Next, Probe, SearchSettings, completed_per_s, conclude, decide, fewest_to_confirm,
-                                met_slo, next_probe, wilson_interval)
+                                late_sends, met_slo, next_probe, wilson_interval)
 from specbench.core.cost import change, replicas_for, usd_per_mtok
 
 
@@ -26,17 +26,20 @@ def step_curve(capacity: float):
     return lambda load: 1.0 if load <= capacity else 0.0
 
 
-def search(curve, how: SearchSettings, *, seed: int | None = None, knee: float | None = None) -> list[Probe]:
+def search(curve, how: SearchSettings, *, seed: int | None = None, knee: float | None = None,
+           client_limit: float | None = None) -> list[Probe]:
     """Run the search against a stand-in: `met` is the curve's share of the requests (exactly, or binomial draws
-    with `seed`); above `knee` the stand-in completes requests at the knee's rate."""
+    with `seed`); above `knee` the stand-in completes requests at the knee's rate; from `client_limit` up the
+    client sends late (the probe is void)."""
     rng = np.random.default_rng(seed)
     history: list[Probe] = []
     while isinstance(step := next_probe(history, how), Next):
         p = curve(step.load)
         met = int(rng.binomial(step.n_requests, p)) if seed is not None else round(p * step.n_requests)
         completed = min(step.load, knee) if knee is not None else step.load
+        void = "the client sent late" if client_limit is not None and step.load >= client_limit else None
         history.append(Probe(load=step.load, n_requests=step.n_requests, met=met, duration_s=step.n_requests / step.load,
-                             completed_per_s=completed))
+                             completed_per_s=completed, void=void))
         assert len(history) < 40, "the search does not end"
     return history
 
@@ -234,3 +237,35 @@ def test_cost_per_million_output_tokens_replicas_and_changes():
     assert replicas_for(None, 3.0) is None and replicas_for(1.0, None) is None
     assert change(1.3, 1.0) == pytest.approx(0.3) and change(8.0, 10.0) == pytest.approx(-0.2)
     assert change(None, 1.0) is None and change(1.0, None) is None
+
+
+def test_a_void_probe_is_neither_pass_nor_fail_and_caps_the_loads_searched():
+    how = settings(target=0.8, start=1.0, lowest=0.25)
+    # the engine holds the SLO up to 3 requests/s, the client sends on time only below 2.5: the search can say only
+    # that it holds at the highest rate below the client's limit
+    history = search(step_curve(3.0), how, client_limit=2.5)
+    # growing 1 -> 2 -> 4 (void), then between the highest pass and the lowest void load: 2.83 (void), 2.38 (pass),
+    # 2.6 (void), until they are within the resolution
+    assert [(p.load, p.void is not None) for p in history] == [
+        (1.0, False), (2.0, False), (4.0, True), (2.83, True), (2.38, False), (2.6, True)]
+    outcome = conclude(history, how)
+    assert outcome.status == "not bracketed: meets it at the highest rate probed 2.38" and outcome.capacity == 2.38
+    assert outcome.note == "the client could not send on time at 2.6: no rate from there up was measured"
+    # a capacity below the client's limit is found as if the client were never late
+    assert conclude(search(step_curve(1.3), how, client_limit=2.5), how).capacity == \
+        conclude(search(step_curve(1.3), how), how).capacity
+    # void from the start: the search goes down below it, and says so when nothing could be measured
+    everything = search(step_curve(3.0), how, client_limit=0.0)
+    assert [p.load for p in everything] == [1.0, 0.5, 0.25] and all(p.void for p in everything)
+    assert conclude(everything, how).status == "not bracketed: the client could not send on time even at 0.25"
+
+
+def test_a_probe_sent_late_against_its_slo_is_void():
+    rows = pd.DataFrame({"send_lateness_ms": [0.0] * 98 + [300.0, 400.0]})
+    assert late_sends(rows, {"ttft_ms": 1000.0}, share=0.25) == (
+        "the client sent late (p99 301 ms > 0.25 x ttft_ms 1000)")  # numpy's linear quantile
+    assert late_sends(rows, {"ttft_ms": 2000.0}, share=0.25) is None
+    assert late_sends(rows, {"tpot_ms": 50.0, "e2e_ms": 1000.0}, share=0.25).endswith("0.25 x e2e_ms 1000)")
+    assert late_sends(rows, {"tpot_ms": 50.0}, share=0.25, request_ms=800.0).endswith("0.25 x one request's time 800)")
+    assert late_sends(rows, {"tpot_ms": 50.0}, share=0.25) is None  # nothing to judge lateness against
+    assert late_sends(pd.DataFrame({"send_lateness_ms": [None, None]}), {"ttft_ms": 10.0}, share=0.25) is None

@@ -65,8 +65,10 @@ class StandIn:
     pins_local_devices = False
     launch_key = staticmethod(launch_key)
 
-    def __init__(self, rates: dict[str, float], concurrency: dict[str, int], *, broken=lambda spec: False):
+    def __init__(self, rates: dict[str, float], concurrency: dict[str, int], *, broken=lambda spec: False,
+                 late_from: float | None = None):
         self.rates, self.concurrency, self.broken = rates, concurrency, broken  # broken(spec): the point fails
+        self.late_from = late_from  # from this rate up, every request is sent 500 ms late (a client that cannot keep up)
         self.points: list[str] = []  # the points it was asked to run, in order
         self.sent: list[int] = []
         self.windows: dict[str, tuple[float, float]] = {}  # per point: the lead-in and window it was sent with
@@ -125,7 +127,9 @@ class StandInSession:
                 "rejected_steps": None, "accepted_per_position": [], "drafted_per_position": None, "draft_ms": None,
                 "verify_ms": None, "peak_memory_growth_mb": None,
                 "output_sha": hashlib.sha256(prompt.prompt_id.encode()).hexdigest()[:16], "output_ids": None,
-                "top2_gap": None, "start_ms": start})
+                "top2_gap": None, "start_ms": start,
+                "send_lateness_ms": 500.0 if spec.open_loop and self.engine.late_from is not None
+                and spec.request_rate >= self.engine.late_from else (0.0 if spec.open_loop else None)})
             on_request()
         return rows
 
@@ -340,6 +344,14 @@ def test_a_probe_whose_point_fails_is_a_failing_probe_and_a_search_with_nothing_
      "the SLO; use a share below 1, e.g. 0.99"),
     (lambda p: p.replace("requests = 16", "requests = 16\nlead_in_s = -1.0"),
      "capacity.lead_in_s: must be a number >= 0 (got -1.0)"),
+    (lambda p: p.replace("ttft_ms = 1000", 'ttft_ms = "3x serial"').replace("temperature = [0.0]",
+                                                                        "temperature = [0.0]\nconcurrency = [2]"),
+     'slo.ttft_ms: "3x serial" is relative to the baseline\'s serial figures, its point at concurrency 1: add 1 to '
+     "[sweep] concurrency, or give the limit in milliseconds"),
+    (lambda p: p.replace("ttft_ms = 1000", 'ttft_ms = "3 x the serial"'),
+     'slo.ttft_ms: must be a number > 0 (milliseconds) or "Nx serial", e.g. "2x serial" (got "3 x the serial")'),
+    (lambda p: p.replace("ttft_ms = 1000", 'ttft_ms = "0x serial"'),
+     'slo.ttft_ms: must be a number > 0 (milliseconds) or "Nx serial", e.g. "2x serial" (got "0x serial")'),
 ])
 def test_bad_capacity_or_cost_input_is_one_line_exit_2_and_nothing_written(folder, edit, message):
     (folder / "bad.toml").write_text(edit(PROFILE))
@@ -384,3 +396,53 @@ def test_the_headline_says_when_a_gain_is_not_measurable():
         "  ngram γ3 holds the SLO up to 1.43 requests/s [1.4, 1.54] against the baseline's 1.35 [1.32, 1.44]: +6 % "
         "[-5 %, +18 %], not measurably different, $0.58 → $0.55 per 1M output tokens (-6 %); 8 (7-8) replicas for "
         "10.0 requests/s against 8 (7-8)"]
+
+
+def test_slo_limits_relative_to_the_baselines_serial_figures_are_resolved_from_its_serial_point(folder, monkeypatch):
+    # the stand-in's serial requests have a TTFT of 100 ms: "3x serial" is 300 ms, which every load up to the
+    # configuration's capacity meets (100 ms) and every load past it misses (5 s): the same capacities as 1000 ms
+    (folder / "standin.toml").write_text(PROFILE.replace("ttft_ms = 1000", 'ttft_ms = "3x serial"'))
+    engine = StandIn({"baseline": 1.3, "ngram": 1.7}, {"baseline": 3, "ngram": 5})
+    result = run(monkeypatch, engine)
+    assert result.exit_code == 0, result.output
+    document = json.loads((folder / "out" / "capacity.json").read_text())
+    assert document["slo"] == {"ttft_ms": 300.0}
+    assert "SLO ttft_ms 300 (3x serial: 3 x the baseline's serial median)" in " ".join(result.output.split())
+    found = by_configuration(folder)
+    assert found["baseline", "request_rate"]["bracket_low"] <= 1.3 < found["baseline", "request_rate"]["bracket_high"]
+    assert (found["baseline", "concurrency"]["capacity"], found["ngram γ3", "concurrency"]["capacity"]) == (3, 5)
+    points = pd.read_parquet(folder / "out" / "points.parquet").set_index("point_id")
+    assert set(points["slo"]) == {"ttft_ms <= 300"}  # every point judged by the same limit, in milliseconds
+    assert points["goodput"].notna().all()
+
+
+def test_a_relative_slo_is_resolved_only_once_its_reference_is_measured():
+    from types import SimpleNamespace
+
+    import tomllib
+
+    from specbench.profile import profile_from_dict
+    from specbench.sweep.context import RunContext
+
+    profile = profile_from_dict(tomllib.loads(PROFILE.replace("ttft_ms = 1000", 'ttft_ms = "2.5x serial"\ne2e_ms = 9000')))
+    ctx = RunContext(profile, None, SimpleNamespace(), "run")
+    serial = pd.DataFrame({"point_id": ["baseline-t0-p1"] * 3 + ["ngram-g3-t0-p1"], "ttft_ms": [90.0, 100.0, 400.0, 1.0],
+                           "error": [None, None, None, None]})
+    assert ctx.slo_limits(serial) == {"ttft_ms": 250.0, "e2e_ms": 9000.0}  # 2.5 x the median, the absolute as given
+    assert ctx.slo_limits(serial[serial["point_id"] != "baseline-t0-p1"]) == {}  # not measured: nothing judged yet
+    assert ctx.slo_limits(None) == {}
+
+
+def test_a_probe_the_client_sent_late_is_void_and_no_higher_rate_is_measured(folder, monkeypatch):
+    engine = StandIn({"baseline": 3.0, "ngram": 1.3}, {}, late_from=1.9)
+    (folder / "standin.toml").write_text(PROFILE.replace("concurrency = true", "concurrency = false"))
+    result = run(monkeypatch, engine)
+    found = by_configuration(folder)
+    baseline = found["baseline", "request_rate"]
+    void = [p for p in baseline["probes"] if p["void"]]
+    assert void and all(p["load"] >= 1.9 for p in void)
+    assert void[0]["decision"] == "void: the client sent late (p99 500 ms > 0.25 x ttft_ms 1000)"
+    assert baseline["status"].startswith("not bracketed: meets it at the highest rate probed")
+    assert baseline["capacity"] < 1.9 and "the client could not send on time at" in baseline["note"]
+    assert found["ngram γ3", "request_rate"]["status"] == "found"  # below the client's limit: as ever
+    assert result.exit_code == 1 and "(void)" in result.output

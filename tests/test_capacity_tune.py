@@ -59,6 +59,17 @@ def test_a_capacity_tune_needs_a_capacity_table(tmp_path, monkeypatch):
     assert not (tmp_path / "tuned").exists()
 
 
+def test_a_tune_refuses_slo_limits_relative_to_the_serial_figures(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "standin.toml").write_text(PROFILE.replace("ttft_ms = 1000", 'ttft_ms = "3x serial"'))
+    result = CliRunner().invoke(app, ["tune", "standin.toml", "--objective", "capacity", "--out", "tuned"])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        'error: standin.toml: slo.ttft_ms: a tune judges every trial against the same limits: give them in '
+        'milliseconds (limits relative to the baseline\'s serial figures, "Nx serial", are for specbench run)')
+    assert not (tmp_path / "tuned").exists()
+
+
 def test_the_recommendation_panel_says_the_capacity_and_cost_beside_the_baselines():
     from rich.console import Console
 
@@ -81,3 +92,13 @@ def test_the_recommendation_panel_says_the_capacity_and_cost_beside_the_baseline
             "1.41]: +30 % [+20 %, +40 %], measurably higher, $16.33 → $12.93 per 1M output tokens; 3 replicas for 5.0 "
             "requests/s against 4"
             ) in " ".join(console.export_text().split())
+
+
+def test_the_reason_not_to_speculate_gives_both_capacities_and_the_gain_with_their_intervals():
+    from specbench.tune.outputs import _capacity_gain
+
+    capacity = {"capacity_rps": 1.412, "interval": [1.3, 1.5], "baseline_capacity_rps": 1.31,
+                "baseline_interval": [1.2, None], "gain_vs_baseline": 0.0779, "gain_interval": [-0.04, 0.21]}
+    assert _capacity_gain(capacity) == "capacity 1.41 [1.3, 1.5] against 1.31 [1.2, -] requests/s: gain +8 % [-4 %, +21 %]"
+    unknown = {**capacity, "interval": None, "gain_vs_baseline": None, "gain_interval": None}
+    assert _capacity_gain(unknown) == "capacity 1.41 [-, -] against 1.31 [1.2, -] requests/s: gain - [-, -]"

@@ -51,6 +51,7 @@ class CapacityProbe:
     output_tokens: int | None = None  # of its measured requests: what a request yields at this load
     request_throughput: float | None = None  # requests/s it completed (the concurrency axis' steady rate)
     error: str | None = None  # the point failed: it met nothing
+    void: str | None = None  # why it cannot be trusted (the client sent late): neither a pass nor a fail
 
 
 @dataclass(frozen=True)

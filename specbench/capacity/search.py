@@ -16,6 +16,9 @@ twice the requests (up to `max_requests`, where the point estimate decides, and 
 that flips it, the search goes on from the new bracket. A failing probe that saturated the engine (it completed
 requests clearly slower than they arrived) measures the knee, the engine's saturation throughput: no load above
 it can hold the SLO, so the next probe goes there before bisecting.
+
+A void probe (the client could not send on time at its load: what it measured is the client's limit, not the
+engine's) is neither: it caps the loads this machine can measure, and the search goes on below it.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Probe:
     met: int
     duration_s: float = 0.0
     completed_per_s: float | None = None  # requests finished per second (open loop): the knee once saturated
+    void: str | None = None  # why the probe cannot be trusted (the client sent late): neither a pass nor a fail
 
 
 @dataclass(frozen=True)
@@ -148,9 +152,21 @@ def next_probe(history: Sequence[Probe], settings: SearchSettings) -> Next | Don
     if settings.max_time_s is not None and sum(p.duration_s for p in history) >= settings.max_time_s:
         return Done("time limit")
     passing, failing = bracket(history, settings)
-    if failing is None:  # every probe passed: grow, up to the highest allowed
+    ceiling = client_ceiling(history)
+    if passing is None and failing is None:  # only void probes: below the lowest, down to the lowest allowed
+        down = max(_rounded(ceiling / settings.growth, settings, below=ceiling), _rounded(settings.lowest, settings))
+        return Next(down, settings.requests, "below what the client could send on time") if down < ceiling else \
+            Done("client ceiling")
+    if failing is None:  # every probe passed: grow, up to the highest allowed and below what the client could send
         up = _rounded(passing.load * settings.growth, settings, above=passing.load)
         up = min(up, _rounded(settings.highest, settings)) if settings.highest is not None else up
+        if ceiling is not None and up >= ceiling:
+            if resolved(passing.load, ceiling, settings):
+                return _confirm(passing, settings) or Done("client ceiling")
+            up = _rounded(math.sqrt(passing.load * ceiling) if settings.relative and not settings.integer
+                          else (passing.load + ceiling) / 2, settings, above=passing.load, below=ceiling)
+            if not passing.load < up < ceiling:
+                return _confirm(passing, settings) or Done("client ceiling")
         return Next(up, settings.requests, "growing to bracket") if up > passing.load else \
             _confirm(passing, settings) or Done("highest")
     if passing is None:  # every probe failed: shrink, down to the lowest allowed
@@ -160,26 +176,31 @@ def next_probe(history: Sequence[Probe], settings: SearchSettings) -> Next | Don
             _confirm(failing, settings) or Done("lowest")
     if not resolved(passing.load, failing.load, settings):
         knee = _knee(failing, passing, history, settings)
-        if knee is not None:
+        if knee is not None and (ceiling is None or knee < ceiling):
             return Next(knee, settings.requests, f"the knee: {failing.load:g} saturated the engine")
         middle = (math.sqrt(passing.load * failing.load) if settings.relative and not settings.integer
                   else (passing.load + failing.load) / 2)
         middle = _rounded(middle, settings, above=passing.load, below=failing.load)
-        if passing.load < middle < failing.load:  # else nothing is left between them at this rounding
-            return Next(middle, settings.requests, "bisecting")
+        if passing.load < middle < failing.load and not (ceiling is not None and middle >= ceiling):
+            return Next(middle, settings.requests, "bisecting")  # else nothing is left between them to measure
     return _confirm(passing, settings) or _confirm(failing, settings) or Done("found")
 
 
 def bracket(history: Sequence[Probe], settings: SearchSettings) -> tuple[Probe | None, Probe | None]:
     """(the highest passing probe below the lowest failing one, the lowest failing probe), each load judged by its
     last probe's leaning; a pass above a failure (noise) does not count."""
-    latest = {p.load: p for p in history}
+    latest = {p.load: p for p in history if p.void is None}
     leanings = {load: decide(p, settings).leaning for load, p in latest.items()}
     fails = [latest[load] for load, v in leanings.items() if v == "fail"]
     failing = min(fails, key=lambda p: p.load) if fails else None
     passes = [latest[load] for load, v in leanings.items() if v == "pass"
               and (failing is None or load < failing.load)]
     return (max(passes, key=lambda p: p.load) if passes else None), failing
+
+
+def client_ceiling(history: Sequence[Probe]) -> float | None:
+    """The lowest load of a void probe: at it the client could not send on time, so no load from it up is measured."""
+    return min((p.load for p in history if p.void is not None), default=None)
 
 
 def resolved(low: float, high: float, settings: SearchSettings) -> bool:
@@ -194,19 +215,24 @@ def conclude(history: Sequence[Probe], settings: SearchSettings, *, unit: str = 
     """What the probes say: the capacity with its bracket, or why there is none. `unit` names the axis in the
     status ("rate", "concurrency")."""
     passing, failing = bracket(history, settings)
-    if failing is None and passing is None:
+    if failing is None and passing is None and client_ceiling(history) is None:
         return Outcome("not bracketed: nothing was probed", None, None, None)
     done = next_probe(history, settings)
     stopped = done.reason if isinstance(done, Done) and done.reason in ("probe limit", "time limit") else None
+    ceiling = client_ceiling(history)
     unconfirmed = [p for p in (passing, failing) if p is not None and decide(p, settings).verdict is None]
     notes = ([f"stopped at the {stopped}"] if stopped else []) + (
         ["the bracket is wider than the resolution"] if stopped and passing and failing
         and not resolved(passing.load, failing.load, settings) else []) + (
         [f"not confirmed at {', '.join(f'{p.load:g}' for p in unconfirmed)}: the interval straddles the target"]
         if unconfirmed else [])
+    if ceiling is not None:
+        notes.append(f"the client could not send on time at {ceiling:g}: no {unit} from there up was measured")
     note = "; ".join(notes) or None
+    if passing is None and failing is None:
+        return Outcome(f"not bracketed: the client could not send on time even at {ceiling:g}", None, None, None, note)
     if passing is None:
-        lowest = min(p.load for p in history)
+        lowest = min(p.load for p in history if p.void is None)
         return Outcome(f"not bracketed: misses the SLO at its lowest {unit} {lowest:g}", None, None, failing, note)
     if failing is None:
         return Outcome(f"not bracketed: meets it at the highest {unit} probed {passing.load:g}", passing.load,
@@ -274,7 +300,23 @@ def completed_per_s(rows: pd.DataFrame) -> float | None:
     return (len(rows) - 1) / span if span > 0 else None
 
 
+def late_sends(rows: pd.DataFrame, slo: Mapping[str, float], *, share: float,
+               request_ms: float | None = None) -> str | None:
+    """Why a probe cannot be trusted, or None: its client sent late — the p99 of its requests' send lateness above
+    `share` of the TTFT limit (else of the end-to-end limit, else of one request's own time, `request_ms`). Then it
+    measured the client's limit (a busy machine, a stalled event loop), not the engine's."""
+    late = pd.to_numeric(rows["send_lateness_ms"], errors="coerce").dropna() if "send_lateness_ms" in rows else []
+    basis = next(((name, slo[name]) for name in ("ttft_ms", "e2e_ms") if name in slo), None) or (
+        ("one request's time", request_ms) if request_ms else None)
+    if not len(late) or basis is None:
+        return None
+    p99 = float(np.quantile(late.to_numpy(float), 0.99))
+    if p99 <= share * basis[1]:
+        return None
+    return f"the client sent late (p99 {p99:.0f} ms > {share:g} x {basis[0]} {basis[1]:.4g})"
+
+
 def probe_of(rows: pd.DataFrame, *, load: float, slo: Mapping[str, float], duration_s: float = 0.0,
-             open_loop: bool = True) -> Probe:
+             open_loop: bool = True, void: str | None = None) -> Probe:
     return Probe(load=load, n_requests=len(rows), met=int(met_slo(rows, slo).sum()), duration_s=duration_s,
-                 completed_per_s=completed_per_s(rows) if open_loop else None)
+                 completed_per_s=completed_per_s(rows) if open_loop else None, void=void)

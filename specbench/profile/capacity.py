@@ -32,6 +32,9 @@ class CapacitySpec(Table):
     # the load kept up until they finished. 0 and 0: every request measured, from an idle engine to its drain
     lead_in_s: NonNegativeFloat = 10.0
     window_s: NonNegativeFloat = 30.0
+    # a rate probe whose client sent late — p99 send lateness above this share of the TTFT limit (else of the
+    # end-to-end limit, else of one request's time) — is void: neither a pass nor a fail, and no higher rate is probed
+    max_lateness: Share = 0.25
     max_probes: PositiveInt = 12  # per configuration and axis
     max_time_s: PositiveFloat | None = None  # per configuration and axis: no new probe once its probes took this long
     start_rps: PositiveFloat | None = None  # the first rate probed (default: 1 / mean e2e at concurrency 1)
@@ -81,7 +84,7 @@ class CapacitySpec(Table):
         return self.max_requests if self.max_requests is not None else 4 * self.requests
 
 
-def capacity_problem(*, backend: str, slo_limits: dict[str, float], capacity: CapacitySpec | None):
+def capacity_problem(*, backend: str, slo_limits: dict[str, float | str], capacity: CapacitySpec | None):
     """The first reason a profile's [capacity] cannot run (a pydantic rule naming the key), or None."""
     if capacity is None:
         return None

@@ -140,8 +140,18 @@ class Profile(Table):
 
     @model_validator(mode="after")
     def _capacity_runs(self) -> "Profile":
-        if problem := capacity_problem(backend=self.backend, slo_limits=self.slo.limits(), capacity=self.capacity):
+        if problem := capacity_problem(backend=self.backend, slo_limits=self.slo.given(), capacity=self.capacity):
             raise problem
+        return self
+
+    @model_validator(mode="after")
+    def _relative_slo_has_its_reference(self) -> "Profile":
+        relative = self.slo.relative()
+        if relative and 1 not in self.sweep.concurrency:
+            name = next(iter(relative))
+            raise rule(f"{show(self.slo.given()[name])} is relative to the baseline's serial figures, its point at "
+                       "concurrency 1: add 1 to [sweep] concurrency, or give the limit in milliseconds",
+                       at=("slo", name))
         return self
 
     @model_validator(mode="after")

@@ -22,7 +22,7 @@ from specbench.capacity.document import CapacityDocument, compared, entry_from_d
 from specbench.capacity.estimate import CapacityEstimate, ProbeRequests, estimate_capacity
 from specbench.core import cost, results, summary
 from specbench.capacity.search import (Done, Next, Probe, SearchSettings, conclude, decide, fewest_to_confirm,
-                                       met_slo, next_probe, probe_of)
+                                       late_sends, met_slo, next_probe, probe_of)
 from specbench.core.results import PointSpec
 from specbench.sweep.context import RunContext
 from specbench.sweep.files import RunFiles
@@ -53,7 +53,8 @@ class CapacitySearch:
                  evaluate: Callable[..., PointRun]):
         self.ctx, self.files, self.observer, self.order, self.evaluate = ctx, files, observer, order, evaluate
         self.spec = ctx.profile.capacity
-        self.slo = ctx.profile.slo.limits()
+        slo = ctx.profile.slo
+        self.slo: dict[str, float] = {} if slo.relative() else slo.limits()  # relative: resolved before each search
         self.entries: list[dict[str, Any]] = []
         self.probe_points: list[str] = []  # the probes' points that the sweep does not plan
         self._several_temperatures = len({(s.temperature, s.top_p) for s in order}) > 1
@@ -83,6 +84,9 @@ class CapacitySearch:
         entry = {"configuration": configuration_label(serial), "method": serial.method, "draft": serial.draft,
                  "gamma": serial.gamma, "temperature": serial.temperature, "top_p": serial.top_p, "axis": axis,
                  "probes": []}
+        if (unresolved := self._resolve_slo()) is not None:
+            self.observer.message(f"{name}: failed: {unresolved}")
+            return {**entry, **_empty(), "status": f"failed: {unresolved}"}
         try:
             settings = self._settings(serial, axis)
         except ProbeFailed as failure:
@@ -108,14 +112,19 @@ class CapacitySearch:
             # the sweep and the rate search's start send it (one key for one point)
             rows, duration_s, reused, error = self._measure(spec, step.n_requests, open_loop=axis == "request_rate",
                                                             steady=axis == "request_rate" or step.load > 1)
-            # a probe whose point failed (pushed past the engine's limit on purpose, it died or timed out) met nothing
+            # a probe whose point failed (pushed past the engine's limit on purpose, it died or timed out) met nothing;
+            # one whose client sent late measured the client: void
+            void = late_sends(rows, self.slo, share=self.spec.max_lateness, request_ms=(self._request_s or 0) * 1e3) \
+                if error is None and axis == "request_rate" else None
             probe = probe_of(rows, load=step.load, slo=self.slo, duration_s=duration_s,
-                             open_loop=axis == "request_rate") if error is None else \
+                             open_loop=axis == "request_rate", void=void) if error is None else \
                 Probe(load=step.load, n_requests=step.n_requests, met=0, duration_s=duration_s)
             if spec not in self.order and spec.point_id not in self.probe_points:
                 self.probe_points.append(spec.point_id)
             requests[spec.point_id] = ProbeRequests(step.load, _met_in_arrival_order(rows, self.slo)
                                                     if error is None else np.zeros(step.n_requests, bool))
+            if void is not None:  # the fit has nothing to learn from it
+                del requests[spec.point_id]
             history.append(probe)
             entry["probes"].append(self._record(spec, probe, rows, settings, history, axis=axis, name=name,
                                                 reused=reused, error=error))
@@ -137,10 +146,11 @@ class CapacitySearch:
                      if after.n_requests != settings.requests else "")) if not isinstance(after, Done) \
             else f"done ({after.reason})"
         more = decision.verdict is None and isinstance(after, Next) and after.load == probe.load
-        label = ("undecided: add requests" if more else decision.label) + (f" (the point failed: {error})" if error
-                                                                         else "")
+        label = (f"void: {probe.void}" if probe.void else "undecided: add requests" if more else decision.label) + (
+            f" (the point failed: {error})" if error else "")
         measured = self._summary(spec, rows) if rows is not None else {}
-        relation = ">=" if decision.verdict == "pass" else "<" if decision.verdict == "fail" else "straddles"
+        relation = "(void)" if probe.void else ">=" if decision.verdict == "pass" else "<" if decision.verdict == "fail" \
+            else "straddles"
         self.observer.message(
             f"{name}: {_load_text(probe.load, axis)}: attainment {decision.attainment:.2f} [{decision.ci_low:.2f}, "
             f"{decision.ci_high:.2f}] of {probe.n_requests} {relation} {settings.target:g}: {label}; {following}"
@@ -151,7 +161,27 @@ class CapacitySearch:
                 "goodput": measured.get("goodput"), "tokens_per_s": measured.get("tokens_per_s"),
                 "usd_per_mtok": measured.get("usd_per_mtok"), "completed_per_s": probe.completed_per_s,
                 "output_tokens": measured.get("output_tokens"), "request_throughput": measured.get("request_throughput"),
-                "error": error}
+                "error": error, "void": probe.void}
+
+    def _resolve_slo(self) -> str | None:
+        """Relative [slo] limits ("2x serial") in milliseconds, from the baseline's serial point as the files hold it
+        (the sweep measured it before any search: the baseline's launch comes first); said once. Why they cannot be,
+        or None."""
+        slo = self.ctx.profile.slo
+        if not slo.relative():
+            return None
+        requests = results.read_parquet(self.files.out_dir / results.REQUESTS_FILE)
+        limits = slo.resolved(self.ctx.serial_baseline(requests))
+        if limits is None:
+            return ("the [slo] limits relative to the baseline's serial figures have nothing to be resolved against: "
+                    "its point at concurrency 1 measured no request")
+        if limits != self.slo:
+            self.observer.message("SLO " + ", ".join(
+                f"{name} {limit:.4g}" + (f" ({slo.given()[name]}: {slo.relative()[name]:g} x the baseline's "
+                                         f"serial median)" if name in slo.relative() else "")
+                for name, limit in limits.items()))
+        self.slo = limits
+        return None
 
     def _say_probe_time(self, name: str, settings: SearchSettings, axis: str) -> None:
         """How each probe is sent, and about how long the first one takes, before the search starts."""
@@ -349,7 +379,8 @@ def cost_at_capacity(probes: list[dict], capacity: float | None, *, axis: str,
     after its last arrival too, and read ~22 % too high on vLLM CPU."""
     if capacity is None:
         return None
-    measured = [p for p in probes if p["load"] <= capacity + 1e-9 and not p.get("error") and p.get("n_requests")
+    measured = [p for p in probes if p["load"] <= capacity + 1e-9 and not p.get("error") and not p.get("void")
+                and p.get("n_requests")
                 and p.get("output_tokens") is not None]
     if not measured:
         return None

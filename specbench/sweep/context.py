@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from specbench.backends import Backend, Observer, Session, get_backend
 from specbench.profile import Profile
-from specbench.core.results import PointSpec, stable_hash
+from specbench.core.results import PointSpec, baseline_point_id, stable_hash
 from specbench.workloads.prompts import workload_fingerprint
 
 
@@ -40,6 +42,26 @@ class RunContext:
     def _verify_tokens_needed(self) -> int:
         gammas = self.profile.all_gammas()
         return max(gammas) + 1 if gammas and self.profile.backend == "native" else 0
+
+    def slo_limits(self, requests: pd.DataFrame | None) -> dict[str, float]:
+        """The [slo] limits in milliseconds: a relative one ("2x serial") resolved against the baseline's requests one
+        at a time (its point at concurrency 1 at the sweep's first temperature and top_p) among `requests` — the
+        files' rows. {} while that point is not measured: no request is judged against half an SLO."""
+        slo = self.profile.slo
+        if not slo.relative():
+            return slo.limits()
+        return slo.resolved(self.serial_baseline(requests)) or {}
+
+    def serial_baseline(self, requests: pd.DataFrame | None) -> pd.DataFrame | None:
+        """The answered requests of the point relative SLO limits are resolved against, among `requests`."""
+        if requests is None or not len(requests) or "point_id" not in requests:
+            return None
+        sweep = self.profile.sweep
+        point_id = baseline_point_id(sweep.temperature[0], sweep.top_p[0], concurrency=1)
+        rows = requests[requests["point_id"] == point_id]
+        if "error" in rows:
+            rows = rows[rows["error"].isna()]
+        return rows if len(rows) else None
 
     def point_key(self, spec: PointSpec) -> str:
         """What makes a point's measurements reusable: the run's configuration, the point, its draft's identity; at

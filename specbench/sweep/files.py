@@ -75,7 +75,7 @@ class RunFiles:
                 ctx.reuse_verify_ms_by_tokens(_recorded(self.manifest_path).verify_ms_by_tokens)
             if not len(requests):
                 (self.out_dir / results.REQUESTS_FILE).unlink(missing_ok=True)
-            _write(self.out_dir, planned + earlier, requests, {}, context, slo=ctx.profile.slo.limits(),
+            _write(self.out_dir, planned + earlier, requests, {}, context, slo=ctx.slo_limits(requests),
                    usd_per_hour=ctx.profile.usd_per_replica_hour,
                    verify_ms_by_tokens=ctx.verify_ms_by_tokens())
             started = _previous_start(self.manifest_path, fresh)
@@ -113,7 +113,7 @@ class RunFiles:
             ordered = [s for s in order if s.point_id in {x.point_id for x in specs}]
             specs = ordered + [s for s in specs if s.point_id not in {x.point_id for x in ordered}]
             return _write(self.out_dir, specs, requests.reset_index(drop=True), failures, context,
-                          slo=ctx.profile.slo.limits(), usd_per_hour=ctx.profile.usd_per_replica_hour,
+                          slo=ctx.slo_limits(requests), usd_per_hour=ctx.profile.usd_per_replica_hour,
                    verify_ms_by_tokens=ctx.verify_ms_by_tokens())
 
     def finish(self, points: pd.DataFrame, ctx: RunContext | None = None) -> Manifest:

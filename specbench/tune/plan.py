@@ -114,7 +114,11 @@ def make_plan(profile: Profile | None, *, out_dir: Path, settings: TuneSettings,
     where = str(profile.source) if profile.source else "profile"
     levels = plan_levels(profile, settings.load_mix or profile.load.mix,
                          key="--load-mix" if settings.load_mix else f"{where}: load.mix")
-    if settings.objective.name == "goodput" and not profile.slo.limits():
+    if relative := profile.slo.relative():
+        raise TuneError(f"{where}: slo.{next(iter(relative))}: a tune judges every trial against the same limits: give "
+                        "them in milliseconds (limits relative to the baseline's serial figures, \"Nx serial\", are "
+                        "for specbench run)")
+    if settings.objective.name == "goodput" and not profile.slo.given():
         raise TuneError(f"--objective goodput: {where} has no [slo] table: goodput counts the requests that meet "
                         "every SLO (add e.g. [slo] ttft_ms = 2000, tpot_ms = 150)")
     if settings.objective.name == "capacity":  # a trial searches its own load levels
