@@ -9,7 +9,10 @@ machine seen here (serial TPOT ~50 ms on the Xeon, 113-115 ms and TTFT ~0.85 s o
 the longer prompts), so the knee is where requests queue, not where one request alone misses the SLO: with TPOT
 100 ms the EPYC's serial requests already missed it and the search probed down to a quarter of its start before it
 could say so. With 16 tokens of every category the knee lay near 0.36-0.51 requests/s on the EPYC (414 s for the
-test); with these requests at 2.6 requests/s for the baseline and 0.89 for n-gram (200 s).
+test); with these requests at 2.6 requests/s for the baseline and 0.89 for n-gram (200 s) while each probe's 12
+requests were measured from an idle engine to its drain — a burst it absorbed —, and in a steady state (the lead-in
+and window below, 2026-12-05 on the EPYC, 248 s) at 0.837 [0.739, 1.05] for the baseline and 0.809 [0.721, 1.02]
+for n-gram.
 
 How close two runs' capacities land is a property of the machine's timing, so it is measured by `make
 bench-capacity`, not asserted here: with the SLO's TPOT limit (100 ms) within 20 % of the serial TPOT, two runs
