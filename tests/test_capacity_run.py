@@ -344,6 +344,8 @@ def test_a_probe_whose_point_fails_is_a_failing_probe_and_a_search_with_nothing_
      "the SLO; use a share below 1, e.g. 0.99"),
     (lambda p: p.replace("requests = 16", "requests = 16\nlead_in_s = -1.0"),
      "capacity.lead_in_s: must be a number >= 0 (got -1.0)"),
+    (lambda p: p.replace("requests = 16", "requests = 16\nrepeats = 0"),
+     "capacity.repeats: must be an integer >= 1 (got 0)"),
     (lambda p: p.replace("ttft_ms = 1000", 'ttft_ms = "3x serial"').replace("temperature = [0.0]",
                                                                         "temperature = [0.0]\nconcurrency = [2]"),
      'slo.ttft_ms: "3x serial" is relative to the baseline\'s serial figures, its point at concurrency 1: add 1 to '
@@ -446,3 +448,64 @@ def test_a_probe_the_client_sent_late_is_void_and_no_higher_rate_is_measured(fol
     assert baseline["capacity"] < 1.9 and "the client could not send on time at" in baseline["note"]
     assert found["ngram γ3", "request_rate"]["status"] == "found"  # below the client's limit: as ever
     assert result.exit_code == 1 and "(void)" in result.output
+
+
+def test_repeated_searches_take_turns_draw_afresh_and_pool_into_one_capacity(folder, monkeypatch):
+    (folder / "standin.toml").write_text(PROFILE.replace("concurrency = true", "concurrency = false\nrepeats = 3"))
+    engine = StandIn({"baseline": 1.3, "ngram": 1.7}, {})
+    result = run(monkeypatch, engine)
+    assert result.exit_code == 0, result.output
+    # the launches take turns, each repeat in the order the last one ended (A B, B A, A B): a drift of the machine
+    # weighs on both alike, and the launch the last repeat ended with is not started again
+    turns = [(point.split("-t")[0], point.split("-rep")[1].split("-")[0] if "-rep" in point else "1")
+             for point in engine.points]
+    assert list(dict.fromkeys(turns)) == [("baseline", "1"), ("ngram-g3", "1"), ("ngram-g3", "2"), ("baseline", "2"),
+                                          ("baseline", "3"), ("ngram-g3", "3")]
+    found = by_configuration(folder)
+    points = pd.read_parquet(folder / "out" / "points.parquet").set_index("point_id")
+    for configuration, truth in (("baseline", 1.3), ("ngram γ3", 1.7)):
+        entry = found[configuration, "request_rate"]
+        assert [r["repeat"] for r in entry["repeats"]] == [0, 1, 2]
+        for repeat in entry["repeats"]:  # each repeat's own estimate brackets the truth
+            assert repeat["status"] == "found" and repeat["capacity_low"] <= truth < repeat["capacity_high"]
+        by_repeat = [[p for p in entry["probes"] if p["repeat"] == k] for k in range(3)]
+        assert all(by_repeat)
+        # a later repeat starts where the repeats before it put the capacity, not at the serial rate again
+        assert by_repeat[0][0]["load"] == 1.0
+        assert by_repeat[1][0]["load"] == pytest.approx(entry["repeats"][0]["capacity"], rel=0.01)
+        for k, probes in enumerate(by_repeat):  # its own points, recorded with their repeat
+            for probe in probes:
+                assert ("-rep" in probe["point_id"]) == (k > 0)
+                assert points.loc[probe["point_id"], "capacity_repeat"] == k
+        # the capacity is fitted to every repeat's requests: each load's are those of its last probe per repeat
+        last = {}
+        for probe in entry["probes"]:
+            last[probe["repeat"], probe["load"]] = probe["n_requests"]
+        pooled = {}
+        for (_, load), n in last.items():
+            pooled[load] = pooled.get(load, 0) + n
+        assert [tuple(point[:2]) for point in entry["curve"]] == sorted(pooled.items())
+        assert entry["status"] == "found" and entry["capacity_low"] <= truth < entry["capacity_high"]
+    assert found["ngram γ3", "request_rate"]["verdict"] == "higher"
+    text = " ".join(result.output.split())
+    assert "baseline (repeat 2 of 3): this repeat " in text and "; every repeat so far pooled " in text
+
+    engine.points.clear()  # resumed: every repeat's probes are in the files
+    again = run(monkeypatch, engine)
+    assert again.exit_code == 0, again.output
+    assert engine.points == []
+
+
+def test_each_repeat_draws_its_own_prompts_and_arrivals_the_same_for_every_configuration():
+    from specbench.backends.server.measure import draw_seed
+
+    baseline = PointSpec.baseline(0.0, 1.0, request_rate=1.5)
+    ngram = PointSpec("ngram-g3-t0-p1-r1.5", "ngram", "ngram", 3, 0.0, 1.0, concurrency=None, request_rate=1.5)
+    seeds = [draw_seed(0, baseline.in_repeat(k), 40) for k in range(3)]
+    assert len(set(seeds)) == 3 and seeds[0] == draw_seed(0, baseline, 40)
+    assert [draw_seed(0, ngram.in_repeat(k), 40) for k in range(3)] == seeds
+    assert ngram.in_repeat(2).point_id == "ngram-g3-t0-p1-rep3-r1.5"
+    assert ngram.in_repeat(2).baseline_id == baseline.in_repeat(2).point_id == "baseline-t0-p1-rep3-r1.5"
+    assert ngram.in_repeat(2).in_repeat(0) == ngram and ngram.in_repeat(1).at_load(request_rate=2.0).point_id == \
+        "ngram-g3-t0-p1-rep2-r2"
+    assert "capacity_repeat" not in ngram.identity() and ngram.in_repeat(1).identity()["capacity_repeat"] == 1

@@ -2,7 +2,8 @@
 
 One `CapacityEntry` per configuration (baseline or draft x gamma), temperature, top_p and load axis: its capacity
 with its interval (`specbench.capacity.estimate`: fitted from every request of every probe), the bracket the search
-closed (the highest load that passed, the lowest that failed) with the attainment at each end, every probe, and,
+closed (the highest load that passed, the lowest that failed) with the attainment at each end, every probe (of every
+repeat of the search, with each repeat's own estimate where [capacity] repeats asks for several), and,
 against the baseline of the same temperature, top_p and axis, its gain with its interval and whether that is
 measurable (`measurable`: the one rule), its cost per million output tokens and the replicas a traffic figure needs.
 `CapacityDocument` adds the settings the searches ran with. The file carries a `version` (2 since the capacity is the
@@ -52,6 +53,18 @@ class CapacityProbe:
     request_throughput: float | None = None  # requests/s it completed (the concurrency axis' steady rate)
     error: str | None = None  # the point failed: it met nothing
     void: str | None = None  # why it cannot be trusted (the client sent late): neither a pass nor a fail
+    repeat: int = 0  # which repeat of the search sent it ([capacity] repeats; 0: the first)
+
+
+@dataclass(frozen=True)
+class CapacityRepeat:
+    """One repeat of a configuration's search, estimated alone (the entry's capacity pools every repeat)."""
+
+    repeat: int
+    status: str
+    capacity: float | None = None
+    capacity_low: float | None = None
+    capacity_high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,7 @@ class CapacityEntry:
     replicas_for_traffic: int | None = None  # request-rate capacities only
     replicas_range: tuple[int, int] | None = None  # at the interval's high and low ends (None where open)
     probes: tuple[CapacityProbe, ...] = ()
+    repeats: tuple[CapacityRepeat, ...] = ()  # with [capacity] repeats > 1: each repeat's own estimate
 
     @property
     def found(self) -> bool:
@@ -177,8 +191,12 @@ def entry_from_dict(data: dict[str, Any], *, where: str = CAPACITY_FILE) -> Capa
     probes = data.get("probes") or []
     if not isinstance(probes, list) or not all(isinstance(p, dict) for p in probes):
         raise CapacityFileError(f"{where}: `probes` is not a list of objects")
+    repeats = data.get("repeats") or []
+    if not isinstance(repeats, list) or not all(isinstance(r, dict) for r in repeats):
+        raise CapacityFileError(f"{where}: `repeats` is not a list of objects")
     try:
         values["probes"] = tuple(CapacityProbe(**known(CapacityProbe, probe)) for probe in probes)
+        values["repeats"] = tuple(CapacityRepeat(**known(CapacityRepeat, repeat)) for repeat in repeats)
         return CapacityEntry(**values)
     except TypeError as error:
         raise CapacityFileError(f"{where}: {error}") from None
@@ -216,4 +234,5 @@ def read_capacity(path: Path) -> CapacityDocument:
 
 
 __all__ = ["CAPACITY_FILE", "VERSION", "CapacityDocument", "CapacityEntry", "CapacityFileError", "CapacityProbe",
+           "CapacityRepeat",
            "compared", "document_from_dict", "entry_from_dict", "measurable", "read_capacity", "write_capacity"]

@@ -57,11 +57,14 @@ class PointSpec:
     # a gamma per batch size ("1-3:3,4-8:0", specbench.engines.schedule_text; `gamma` is its largest): vLLM's dynamic
     # speculation, launched as one setting that serves every load level
     gamma_schedule: str | None = None
+    # which repeat of a capacity search ([capacity] repeats) sent the point: 0 for the first and every sweep point;
+    # a later repeat's probes are points of their own (`-rep<k+1>` in the id), with their own draws
+    capacity_repeat: int = 0
 
     @property
     def baseline_id(self) -> str:
         return baseline_point_id(self.temperature, self.top_p, concurrency=self.concurrency,
-                                 request_rate=self.request_rate)
+                                 request_rate=self.request_rate, repeat=self.capacity_repeat)
 
     @property
     def open_loop(self) -> bool:
@@ -86,6 +89,7 @@ class PointSpec:
         values = {name: plain(row.get(name)) for name in cls.__dataclass_fields__}
         if values["request_rate"] is None:
             values["concurrency"] = values["concurrency"] or 1
+        values["capacity_repeat"] = int(values["capacity_repeat"] or 0)
         return cls(**values)
 
     def at_load(self, *, concurrency: int | None = None, request_rate: float | None = None) -> "PointSpec":
@@ -95,6 +99,12 @@ class PointSpec:
         concurrency = None if request_rate is not None else (concurrency or 1)
         return replace(self, point_id=stem + _load_suffix(concurrency, request_rate), concurrency=concurrency,
                        request_rate=request_rate)
+
+    def in_repeat(self, repeat: int) -> "PointSpec":
+        """The same point sent again by repeat `repeat` of a capacity search (0: the point itself)."""
+        load = _load_suffix(self.concurrency, self.request_rate)
+        stem = self.point_id.removesuffix(load).removesuffix(_repeat_suffix(self.capacity_repeat))
+        return replace(self, point_id=stem + _repeat_suffix(repeat) + load, capacity_repeat=repeat)
 
     def identity(self) -> dict[str, Any]:
         """The point as hashed into its point key (concurrency 1 and no request rate left out: keys from before
@@ -106,6 +116,8 @@ class PointSpec:
             del data["request_rate"]
         if data["gamma_schedule"] is None:
             del data["gamma_schedule"]
+        if not data["capacity_repeat"]:
+            del data["capacity_repeat"]
         return data
 
 
@@ -115,9 +127,13 @@ def _load_suffix(concurrency: int | None, request_rate: float | None = None) -> 
     return f"-c{concurrency}" if concurrency != 1 else ""
 
 
+def _repeat_suffix(repeat: int) -> str:
+    return f"-rep{repeat + 1}" if repeat else ""
+
+
 def baseline_point_id(temperature: float, top_p: float, *, concurrency: int | None = 1,
-                      request_rate: float | None = None) -> str:
-    return f"baseline-t{temperature:g}-p{top_p:g}{_load_suffix(concurrency, request_rate)}"
+                      request_rate: float | None = None, repeat: int = 0) -> str:
+    return f"baseline-t{temperature:g}-p{top_p:g}{_repeat_suffix(repeat)}{_load_suffix(concurrency, request_rate)}"
 
 
 def point_id(draft: str, gamma: int, temperature: float, top_p: float, *, ngram_max: int | None = None,
@@ -256,6 +272,8 @@ _POINT_COLUMNS = [
     # added with steady-state points ([load] lead_in_s, window_s): the requests sent before the measured window and
     # after it (not measured), and the window's span from its first request's send (or arrival) to its last's
     "lead_in_requests", "tail_requests", "window_s",
+    # added with repeated capacity searches ([capacity] repeats): which repeat sent the probe (0: the first)
+    "capacity_repeat",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -275,7 +293,7 @@ _POINT_DTYPES = {
     "gpu_count": "Int64", "gpu_memory_source": "string", "gpu_utilization_pct": "float64", "gpu_energy_j": "float64",
     "gpu_samples": "Int64", "energy_per_output_token_j": "float64", "engine_generated_tokens": "float64",
     "other_traffic_tokens": "float64", "engine_accept_length_gauge": "float64", "lead_in_requests": "Int64",
-    "tail_requests": "Int64",
+    "tail_requests": "Int64", "capacity_repeat": "Int64",
     **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }

@@ -35,8 +35,12 @@ class CapacitySpec(Table):
     # a rate probe whose client sent late — p99 send lateness above this share of the TTFT limit (else of the
     # end-to-end limit, else of one request's time) — is void: neither a pass nor a fail, and no higher rate is probed
     max_lateness: Share = 0.25
-    max_probes: PositiveInt = 12  # per configuration and axis
-    max_time_s: PositiveFloat | None = None  # per configuration and axis: no new probe once its probes took this long
+    # the whole search this many times per configuration, each repeat with draws of its own and the configurations'
+    # launches in turn (each repeat in the order the last one ended: A B, B A, A B, ... so that a drift of the machine
+    # cancels between them); the capacity is fitted to every repeat's requests pooled, each repeat's own beside it
+    repeats: PositiveInt = 1
+    max_probes: PositiveInt = 12  # per configuration, axis and repeat
+    max_time_s: PositiveFloat | None = None  # per configuration, axis and repeat: no new probe once its probes took this long
     start_rps: PositiveFloat | None = None  # the first rate probed (default: 1 / mean e2e at concurrency 1)
     lowest_rps: PositiveFloat | None = None  # no probe below (default: the start / 4)
     highest_rps: PositiveFloat | None = None  # no probe above (default: none)

@@ -23,7 +23,7 @@ CONFIGURATION_COLUMNS = (
     "replicas_for_traffic", "replicas_range", "note",
 )  # attainment_low / _high: [share met, CI low, CI high] at the bracket's ends, or None
 PROBE_COLUMNS = ("temperature", "top_p", "configuration", "axis", "load", "point_id", "reused", "n_requests", "met",
-                 "attainment", "ci_low", "ci_high", "decision", "goodput", "tokens_per_s")
+                 "attainment", "ci_low", "ci_high", "decision", "goodput", "tokens_per_s", "repeat")
 FILTER_KEYS = ("temperature", "top_p", "method", "draft", "gamma")  # the --filter keys a configuration has
 
 
@@ -115,6 +115,11 @@ def capacity_cell(row: dict) -> str:
     return f"{level(capacity, axis)} [{bound(row.get('capacity_low'), axis)}, {bound(row.get('capacity_high'), axis)}]"
 
 
+def repeats_cell(entry: CapacityEntry) -> str:
+    """`1.29 · 1.31 · 1.3`: each repeat's own capacity, in the order they ran (`-` where one found none)."""
+    return " · ".join("-" if r.capacity is None else bound(r.capacity, entry.axis) for r in entry.repeats) or "-"
+
+
 def bracket_cell(row: dict) -> str:
     """`[1.3, 1.41]`: the highest load that passed and the lowest that failed."""
     if missing(row["bracket_low"]) and missing(row["bracket_high"]):
@@ -142,6 +147,8 @@ def display_capacity(report: CapacityReport, group: pd.DataFrame) -> pd.DataFram
         "met at high end": [attainment_cell(v) for v in group["attainment_high"]],
         "gain [interval]": ["-" if entry.is_baseline else gain_text(entry) for entry in entries],
     }
+    if any(entry.repeats for entry in entries):  # [capacity] repeats: each repeat's own capacity beside the pooled
+        columns["each repeat"] = [repeats_cell(entry) for entry in entries]
     if report.usd_per_hour is not None:
         columns["$/1M tokens"] = [usd(v) for v in group["usd_per_mtok_at_capacity"]]
         columns["cost change"] = [_against_baseline(row, "usd_per_mtok_change_vs_baseline")

@@ -7,7 +7,6 @@ brackets, gains over the baseline and costs to capacity.json."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -17,18 +16,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from specbench.capacity.document import CapacityDocument, write_capacity
+from specbench.capacity.estimate import ProbeRequests, estimate_capacity
+from specbench.capacity.outcome import (Pooled, capacity_document, capacity_text, merged_history,
+                                        met_in_arrival_order, search_outcome)
+from specbench.capacity.search import (Done, Next, Probe, SearchSettings, decide, fewest_to_confirm, late_sends,
+                                       next_probe, probe_of)
+from specbench.core import results, summary
 from specbench.core.manifest import read_manifest, write_manifest
-from specbench.capacity.document import CapacityDocument, compared, entry_from_dict, write_capacity
-from specbench.capacity.estimate import CapacityEstimate, ProbeRequests, estimate_capacity
-from specbench.core import cost, results, summary
-from specbench.capacity.search import (Done, Next, Probe, SearchSettings, conclude, decide, fewest_to_confirm,
-                                       late_sends, met_slo, next_probe, probe_of)
 from specbench.core.results import PointSpec
 from specbench.sweep.context import RunContext
 from specbench.sweep.files import RunFiles
 
 if TYPE_CHECKING:
     from specbench.sweep.loop import PointRun, SweepObserver
+
 
 def by_launch(planned: list[PointSpec], launch_key: Callable[[PointSpec], Hashable]) -> list[list[PointSpec]]:
     """The planned points in runs that share one launch (the plan orders them so)."""
@@ -59,13 +61,19 @@ class CapacitySearch:
         self.probe_points: list[str] = []  # the probes' points that the sweep does not plan
         self._several_temperatures = len({(s.temperature, s.top_p) for s in order}) > 1
         self._request_s: float | None = None  # one request alone, as the last serial point measured it
+        self._pooled: dict[tuple[PointSpec, str], Pooled] = {}  # per configuration and axis: every repeat so far
 
-    def search(self, launch: list[PointSpec]) -> None:
-        """Every (temperature, top_p) of one launch configuration, on each axis asked for."""
+    def search(self, launch: list[PointSpec], *, repeat: int = 0) -> None:
+        """Every (temperature, top_p) of one launch configuration, on each axis asked for; `repeat` of
+        [capacity] repeats (0: the first), pooled with the repeats before it."""
         for spec in dict.fromkeys(s.at_load(concurrency=1) for s in launch):
-            self.entries.append(self.search_configuration(spec, "request_rate"))
-            if self.spec.concurrency:
-                self.entries.append(self.search_configuration(spec, "concurrency"))
+            for axis in ("request_rate", "concurrency") if self.spec.concurrency else ("request_rate",):
+                entry = self.search_configuration(spec, axis, repeat=repeat)
+                if repeat == 0:
+                    self.entries.append(entry)
+                else:  # the entry of the first repeat, now with every repeat's probes
+                    self.entries[self.entries.index(self._pooled[(spec, axis)].first)] = entry
+                self._pooled[(spec, axis)].first = entry
             self._write_manifest()
 
     def finish(self) -> CapacityDocument:
@@ -77,24 +85,26 @@ class CapacitySearch:
 
     # --- one search ------------------------------------------------------------------------
 
-    def search_configuration(self, serial: PointSpec, axis: str) -> dict[str, Any]:
+    def search_configuration(self, serial: PointSpec, axis: str, *, repeat: int = 0) -> dict[str, Any]:
         """One configuration's search on one axis ("request_rate" or "concurrency"), from its point at concurrency 1:
-        its capacity.json entry (before the gain over the baseline is known)."""
-        name = self._name(serial)
+        its capacity.json entry (before the gain over the baseline is known), with every repeat's probes so far.
+        A later repeat starts where the repeats before it put the capacity."""
+        pooled = self._pooled.setdefault((serial, axis), Pooled())
+        name = self._name(serial) + (f" (repeat {repeat + 1} of {self.spec.repeats})" if self.spec.repeats > 1 else "")
         entry = {"configuration": configuration_label(serial), "method": serial.method, "draft": serial.draft,
                  "gamma": serial.gamma, "temperature": serial.temperature, "top_p": serial.top_p, "axis": axis,
-                 "probes": []}
+                 "probes": pooled.probes}
         if (unresolved := self._resolve_slo()) is not None:
             self.observer.message(f"{name}: failed: {unresolved}")
-            return {**entry, **_empty(), "status": f"failed: {unresolved}"}
+            return pooled.stopped(entry, repeat, f"failed: {unresolved}")
         try:
-            settings = self._settings(serial, axis)
+            settings = self._settings(serial, axis, start=pooled.capacity)
         except ProbeFailed as failure:
             self.observer.message(f"{name}: failed: {failure}")
-            return {**entry, **_empty(), "status": f"failed: {failure}"}
+            return pooled.stopped(entry, repeat, f"failed: {failure}")
         except NoLoadCanPass as reason:
             self.observer.message(f"{name}: {reason}: no rate can hold the SLO, the search stops")
-            return {**entry, **_empty(), "status": f"not bracketed: {reason}"}
+            return pooled.stopped(entry, repeat, f"not bracketed: {reason}")
         self._say_probe_time(name, settings, axis)
         fewest = fewest_to_confirm(settings.target, confidence=settings.confidence)
         if fewest is None or fewest > settings.requests:
@@ -106,8 +116,8 @@ class CapacitySearch:
         history: list[Probe] = []
         requests: dict[str, ProbeRequests] = {}  # per point: the requests the files hold (a load sent again replaces)
         while not isinstance(step := next_probe(history, settings), Done):
-            spec = serial.at_load(request_rate=step.load) if axis == "request_rate" else \
-                serial.at_load(concurrency=int(step.load))
+            spec = (serial.at_load(request_rate=step.load) if axis == "request_rate" else
+                    serial.at_load(concurrency=int(step.load))).in_repeat(repeat)
             # one request at a time has no queue to fill or drain: the concurrency-1 probe is the serial point, as
             # the sweep and the rate search's start send it (one key for one point)
             rows, duration_s, reused, error = self._measure(spec, step.n_requests, open_loop=axis == "request_rate",
@@ -121,21 +131,33 @@ class CapacitySearch:
                 Probe(load=step.load, n_requests=step.n_requests, met=0, duration_s=duration_s)
             if spec not in self.order and spec.point_id not in self.probe_points:
                 self.probe_points.append(spec.point_id)
-            requests[spec.point_id] = ProbeRequests(step.load, _met_in_arrival_order(rows, self.slo)
+            requests[spec.point_id] = ProbeRequests(step.load, met_in_arrival_order(rows, self.slo)
                                                     if error is None else np.zeros(step.n_requests, bool))
             if void is not None:  # the fit has nothing to learn from it
                 del requests[spec.point_id]
             history.append(probe)
             entry["probes"].append(self._record(spec, probe, rows, settings, history, axis=axis, name=name,
-                                                reused=reused, error=error))
-        estimate = estimate_capacity(list(requests.values()), target=settings.target, confidence=settings.confidence,
-                                     integer=settings.integer, seed=self.ctx.profile.run.seed)
-        outcome = _outcome(history, settings, entry["probes"], axis, estimate=estimate,
-                           usd_per_hour=self.ctx.profile.usd_per_replica_hour)
-        errors = [p["error"] for p in entry["probes"]]
+                                                reused=reused, error=error) | {"repeat": repeat})
+        seed = self.ctx.profile.run.seed
+        own = estimate_capacity(list(requests.values()), target=settings.target, confidence=settings.confidence,
+                                integer=settings.integer, seed=seed)
+        outcome = search_outcome(history, settings, [p for p in entry["probes"] if p["repeat"] == repeat], axis,
+                           estimate=own, usd_per_hour=self.ctx.profile.usd_per_replica_hour)
+        errors = [p["error"] for p in entry["probes"] if p["repeat"] == repeat]
         if errors and all(errors):  # nothing was measured at any load: the search says why rather than a capacity
             outcome["status"] = f"failed: {errors[-1]}"
-        return {**entry, **outcome}
+        pooled.add(repeat, history, requests, outcome)
+        if self.spec.repeats == 1:
+            return {**entry, **outcome}
+        together = estimate_capacity(pooled.requests, target=settings.target, confidence=settings.confidence,
+                                     integer=settings.integer, seed=seed)
+        merged = search_outcome(merged_history(pooled.histories), settings, entry["probes"], axis, estimate=together,
+                          usd_per_hour=self.ctx.profile.usd_per_replica_hour)
+        if all(r["status"].startswith("failed") for r in pooled.repeats):
+            merged["status"] = pooled.repeats[-1]["status"]
+        self.observer.message(f"{name}: this repeat {capacity_text(outcome)}; every repeat so far pooled "
+                              f"{capacity_text(merged)}")
+        return {**entry, **merged, "repeats": list(pooled.repeats)}
 
     def _record(self, spec: PointSpec, probe: Probe, rows: pd.DataFrame | None, settings: SearchSettings,
                 history: list[Probe], *, axis: str, name: str, reused: bool, error: str | None) -> dict[str, Any]:
@@ -207,27 +229,32 @@ class CapacitySearch:
         row = points[points["point_id"] == point_id] if points is not None else []
         return {k: results.plain(v) for k, v in row.iloc[0].to_dict().items()} if len(row) else {}
 
-    def _settings(self, serial: PointSpec, axis: str) -> SearchSettings:
+    def _settings(self, serial: PointSpec, axis: str, *, start: float | None = None) -> SearchSettings:
+        """The search's settings; `start`, where an earlier repeat put the capacity, its first load."""
         spec = self.spec
         common = dict(target=spec.attainment, confidence=spec.confidence, requests=spec.requests,
                       max_requests=spec.requests_at_most, max_probes=spec.max_probes, max_time_s=spec.max_time_s,
                       growth=spec.growth)
         if axis == "concurrency":
-            return SearchSettings(**common, resolution=spec.resolution or 0.1, relative=True, start=1, lowest=1,
+            first = max(1, int(start)) if start is not None else 1
+            return SearchSettings(**common, resolution=spec.resolution or 0.1, relative=True, start=first, lowest=1,
                                   highest=spec.max_concurrency, integer=True)
-        start = spec.start_rps
-        if start is None:  # the rate the engine serves one request at a time: 1 / mean e2e at concurrency 1
+        serial_rps = spec.start_rps
+        if serial_rps is None:  # the rate the engine serves one request at a time: 1 / mean e2e at concurrency 1
             rows, _, _, error = self._measure(serial, 1, open_loop=False, steady=False)
             if error is not None:
                 raise ProbeFailed(error)
-            start = 1e3 / float(rows["e2e_ms"].mean())
+            serial_rps = 1e3 / float(rows["e2e_ms"].mean())
             self._request_s = float(rows["e2e_ms"].mean()) / 1e3
-            self.observer.message(f"{self._name(serial)}: one request at a time takes "
-                                  f"{rows['e2e_ms'].mean() / 1e3:.2f} s: the search starts at {start:.3g} requests/s")
+            if start is None:
+                self.observer.message(f"{self._name(serial)}: one request at a time takes {self._request_s:.2f} s: "
+                                      f"the search starts at {serial_rps:.3g} requests/s")
             if (missed := serial_misses(rows, self.slo, target=spec.attainment)) is not None:
                 raise NoLoadCanPass(missed)
-        return SearchSettings(**common, resolution=spec.resolution_value, relative=spec.relative, start=start,
-                              lowest=spec.lowest_rps or start / 4, highest=spec.highest_rps)
+        lowest = spec.lowest_rps or serial_rps / 4
+        first = serial_rps if start is None else min(max(start, lowest), spec.highest_rps or start)
+        return SearchSettings(**common, resolution=spec.resolution_value, relative=spec.relative, start=first,
+                              lowest=lowest, highest=spec.highest_rps)
 
     def _measure(self, spec: PointSpec, n_requests: int, *, open_loop: bool,
                  steady: bool = True) -> tuple[pd.DataFrame | None, float, bool, str | None]:
@@ -326,82 +353,3 @@ def _span_s(rows: pd.DataFrame) -> float:
 
 def _load_text(load: float, axis: str) -> str:
     return f"{load:g} requests/s" if axis == "request_rate" else f"concurrency {int(load)}"
-
-
-def _empty() -> dict[str, Any]:
-    return {"capacity": None, "capacity_low": None, "capacity_high": None, "bracket_low": None, "bracket_high": None,
-            "attainment_low": None, "attainment_high": None, "note": None, "curve": []}
-
-
-def _outcome(history: list[Probe], settings: SearchSettings, probes: list[dict], axis: str, *,
-             estimate: CapacityEstimate | None, usd_per_hour: float | None = None) -> dict[str, Any]:
-    """The entry's capacity with its interval (the estimate), the bracket the search closed and the attainment at
-    each end, from the probes so far, and what 1M output tokens cost at capacity (`usd_per_mtok_at_capacity`)."""
-    if not history:
-        return {**_empty(), "status": "not bracketed: no probe was decided"}
-    outcome = conclude(history, settings, unit="rate" if axis == "request_rate" else "concurrency")
-
-    def attainment(probe: Probe | None) -> list[float] | None:
-        if probe is None:
-            return None
-        decision = decide(probe, settings)
-        return [decision.attainment, decision.ci_low, decision.ci_high]
-
-    capacity = estimate.capacity if estimate is not None and outcome.passing is not None else None
-    notes = [outcome.note, estimate.note if capacity is not None else None,
-             "the attainment fitted to every probe misses the target at every load probed"
-             if outcome.passing is not None and capacity is None else None]
-    return {"status": outcome.status, "capacity": capacity,
-            "capacity_low": estimate.ci_low if capacity is not None else None,
-            "capacity_high": estimate.ci_high if capacity is not None else None,
-            "bracket_low": outcome.passing.load if outcome.passing else None,
-            "bracket_high": outcome.failing.load if outcome.failing else None,
-            "attainment_low": attainment(outcome.passing), "attainment_high": attainment(outcome.failing),
-            "note": "; ".join(n for n in notes if n) or None,
-            "curve": [list(point) for point in estimate.curve] if estimate is not None else [],
-            "usd_per_mtok_at_capacity": cost_at_capacity(probes, capacity, axis=axis, usd_per_hour=usd_per_hour)}
-
-
-def _met_in_arrival_order(rows: pd.DataFrame, slo: dict[str, float]) -> np.ndarray:
-    """Whether each request met every SLO limit, in the order the requests were sent (neighbours shared a queue:
-    the estimate's bootstrap keeps them together)."""
-    if "start_ms" in rows and rows["start_ms"].notna().all():
-        rows = rows.sort_values("start_ms", kind="stable")
-    return met_slo(rows, slo)
-
-
-def cost_at_capacity(probes: list[dict], capacity: float | None, *, axis: str,
-                     usd_per_hour: float | None) -> float | None:
-    """$ per 1M output tokens when a replica serves at capacity: price / (3600 x requests/s x output tokens per
-    request) x 1e6. The requests/s are the capacity itself on the request-rate axis (the rate it holds in steady
-    state), at a concurrency the completed requests/s of the highest probe at or below the capacity; the output
-    tokens per request those of that probe. Not the probe's tokens/s: that divides by its schedule plus the drain
-    after its last arrival too, and read ~22 % too high on vLLM CPU."""
-    if capacity is None:
-        return None
-    measured = [p for p in probes if p["load"] <= capacity + 1e-9 and not p.get("error") and not p.get("void")
-                and p.get("n_requests")
-                and p.get("output_tokens") is not None]
-    if not measured:
-        return None
-    probe = max(reversed(measured), key=lambda p: p["load"])  # the last at that load: a load sent again is its last
-    rate = capacity if axis == "request_rate" else probe.get("request_throughput")
-    if rate is None:
-        return None
-    return cost.usd_per_mtok(usd_per_hour, rate * probe["output_tokens"] / probe["n_requests"])
-
-
-def capacity_document(entries: list[dict[str, Any]], *, slo: dict[str, float], spec, profile) -> CapacityDocument:
-    """capacity.json: the settings, and per configuration its search with the gain over the baseline's capacity
-    (same temperature, top_p and axis, both found), the cost per million output tokens at capacity and its change,
-    and the replicas the traffic needs."""
-    typed = [entry_from_dict(_jsonable(entry)) for entry in entries]
-    return CapacityDocument(
-        target_attainment=spec.attainment, confidence=spec.confidence, slo=dict(slo), resolution=spec.resolution_value,
-        resolution_unit="relative" if spec.relative else "requests/s", usd_per_hour=profile.usd_per_replica_hour,
-        traffic_rps=profile.cost.traffic_rps, configurations=compared(typed, traffic_rps=profile.cost.traffic_rps))
-
-
-def _jsonable(entry: dict[str, Any]) -> dict[str, Any]:
-    """The entry as JSON holds it (numpy scalars as Python numbers)."""
-    return json.loads(json.dumps(entry, default=lambda value: value.item() if hasattr(value, "item") else str(value)))

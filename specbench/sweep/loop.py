@@ -89,6 +89,11 @@ def run_sweep(profile: Profile, *, out_dir: Path, fresh: bool = False, observer:
                 observer.point_finished(spec, points[points["point_id"] == spec.point_id].iloc[0].to_dict())
             if capacity is not None:
                 capacity.search(launch)
+        if capacity is not None:  # [capacity] repeats: every search again, the launches in turn (A B, B A, A B, ...)
+            launches = by_launch(planned, ctx.backend.launch_key)
+            for repeat in range(1, profile.capacity.repeats):
+                for launch in reversed(launches) if repeat % 2 else launches:
+                    capacity.search(launch, repeat=repeat)
 
         points = files.record(None, ctx, order=planned)
         found = capacity.finish() if capacity is not None else None

@@ -50,11 +50,13 @@ def request_plan(session: "ServerSession", spec: PointSpec) -> list[tuple[int, A
 
 def draw_seed(seed: int, spec: PointSpec, count: int) -> int:
     """The seed of one load level's draws, its prompts and (at a request rate) its arrivals: from the run's seed, the
-    level and the number of requests. Every configuration at one level gets the same draws (common random numbers:
-    the difference between two configurations is not the draw's); each level its own, and a level sent again with
-    more requests (a capacity probe confirmed) a new draw rather than the first one's prefix."""
+    level, the number of requests and the capacity search's repeat. Every configuration at one level gets the same
+    draws (common random numbers: the difference between two configurations is not the draw's); each level its own,
+    a level sent again with more requests (a capacity probe confirmed) a new draw rather than the first one's
+    prefix, and each repeat of a capacity search ([capacity] repeats) its own."""
     level = f"{float(spec.request_rate)!r}" if spec.open_loop else f"c{spec.concurrency or 1}"
-    key = f"{seed}|{level}|{count}".encode()
+    repeat = f"|rep{spec.capacity_repeat}" if spec.capacity_repeat else ""  # a repeated search draws afresh
+    key = f"{seed}|{level}|{count}{repeat}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
 
 
