@@ -66,9 +66,10 @@ class StandIn:
     launch_key = staticmethod(launch_key)
 
     def __init__(self, rates: dict[str, float], concurrency: dict[str, int], *, broken=lambda spec: False,
-                 late_from: float | None = None):
+                 late_from: float | None = None, growing_from: float | None = None):
         self.rates, self.concurrency, self.broken = rates, concurrency, broken  # broken(spec): the point fails
         self.late_from = late_from  # from this rate up, every request is sent 500 ms late (a client that cannot keep up)
+        self.growing_from = growing_from  # from this rate up, its queue grows over the point (5 more waiting)
         self.points: list[str] = []  # the points it was asked to run, in order
         self.sent: list[int] = []
         self.windows: dict[str, tuple[float, float]] = {}  # per point: the lead-in and window it was sent with
@@ -101,6 +102,7 @@ class StandInSession:
 
     def run_point(self, spec: PointSpec, *, point_key, on_request, after_prompt):
         self.engine.points.append(spec.point_id)
+        self.last = spec
         if self.engine.broken(spec):
             raise RuntimeError("the engine died")
         plan = request_plan(self, spec)  # as the server backend plans it: [load] requests, or prompts x repeats
@@ -134,7 +136,9 @@ class StandInSession:
         return rows
 
     def point_measurements(self):
-        return {}
+        growing = self.engine.growing_from is not None and self.last.open_loop and \
+            self.last.request_rate >= self.engine.growing_from
+        return {"requests_waiting_growth": 5.0, "requests_running_peak": 8} if growing else {}
 
     def verify_costs(self, max_tokens):
         return ()
@@ -509,3 +513,33 @@ def test_each_repeat_draws_its_own_prompts_and_arrivals_the_same_for_every_confi
     assert ngram.in_repeat(2).in_repeat(0) == ngram and ngram.in_repeat(1).at_load(request_rate=2.0).point_id == \
         "ngram-g3-t0-p1-rep2-r2"
     assert "capacity_repeat" not in ngram.identity() and ngram.in_repeat(1).identity()["capacity_repeat"] == 1
+
+
+def test_a_pass_while_the_engines_queue_still_grew_is_void_and_no_higher_rate_is_measured(folder, monkeypatch):
+    engine = StandIn({"baseline": 3.0, "ngram": 1.3}, {}, growing_from=1.9)
+    (folder / "standin.toml").write_text(PROFILE.replace("concurrency = true", "concurrency = false"))
+    result = run(monkeypatch, engine)
+    baseline = by_configuration(folder)["baseline", "request_rate"]
+    void = [p for p in baseline["probes"] if p["void"]]
+    assert void and all(p["load"] >= 1.9 for p in void)
+    assert void[0]["decision"] == ("void: the engine's queue was still growing (requests waiting +5.0 over the probe): "
+                                   "not a steady state")
+    assert baseline["status"].startswith("not bracketed: meets it at the highest rate probed")
+    assert baseline["capacity"] < 1.9 and "the engine's queue was still growing at" in baseline["note"]
+    assert by_configuration(folder)["ngram γ3", "request_rate"]["status"] == "found"  # its fails are fails
+    points = pd.read_parquet(folder / "out" / "points.parquet").set_index("point_id")
+    assert points.loc[void[0]["point_id"], "requests_waiting_growth"] == 5.0
+    assert result.exit_code == 1
+
+
+def test_a_queue_grows_when_its_last_quarter_waits_more_than_its_second():
+    from specbench.backends.server.metrics import waiting_growth
+    from specbench.capacity.search import growing_queue
+
+    assert waiting_growth([0.0] * 7) is None  # too few samples to say
+    # filling from idle (the first quarter) is not growth; a queue that levels off is steady
+    assert waiting_growth([0, 4, 6, 6, 5, 6, 6, 6]) == 0.0
+    assert waiting_growth([0, 1, 2, 3, 4, 5, 6, 7]) == pytest.approx(4.0)
+    assert growing_queue(0.5, running_peak=8) is None and growing_queue(None, running_peak=8) is None
+    assert growing_queue(2.5, running_peak=16) is None  # within a quarter of what it ran at once
+    assert growing_queue(4.0, running_peak=8).startswith("the engine's queue was still growing (requests waiting +4.0")

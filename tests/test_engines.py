@@ -29,6 +29,16 @@ def test_vllm_speculative_config():
     assert vllm.speculation_args(Speculation("baseline")) == []
 
 
+def test_vllm_reports_each_requests_acceptance_where_it_can():
+    """vLLM 0.32 has --per-request-spec-decode-metrics (refused without speculation, unknown before 0.32)."""
+    vllm, ngram = ENGINES["vllm"], Speculation("ngram", 3, ngram_min=1, ngram_max=4)
+    for version in ("0.32.0", "0.32.1+cpu", "1.0.0"):
+        assert vllm.speculation_args(ngram, version=version)[2:] == ["--per-request-spec-decode-metrics", "detailed"]
+    for version in ("0.31.2", "0.9.1", None, "unknown"):
+        assert len(vllm.speculation_args(ngram, version=version)) == 2, version
+    assert vllm.speculation_args(Speculation("baseline"), version="0.32.0") == []
+
+
 def test_heads_and_mtp_map_to_each_engines_flags():
     """EAGLE-3 runs for real on vLLM and llama.cpp (test_eagle3_engines.py); MTP needs a target with MTP layers
     (DeepSeek-V3, GLM-4.5, Qwen3.5 families), none small enough for a CPU: its mapping is checked here, by argv."""

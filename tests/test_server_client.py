@@ -232,6 +232,41 @@ def test_unreadable_metrics_fall_back_and_llama_cpp_responses_without_draft_coun
     assert baseline["drafted_tokens"] is None
 
 
+def test_vllms_per_request_acceptance_is_each_rows_own_and_the_points_measured_requests(standin):
+    # the final chunk of a response from vLLM with --per-request-spec-decode-metrics detailed: 4 verify steps that
+    # proposed 3, 3, 2 and 1 tokens (n-gram lookup proposes fewer where its match is short) and accepted 3, 1, 0, 1
+    final = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 10}, "metrics": {
+        "speculative_decoding": {"mean_acceptance_length": 2.25, "draft_acceptance_rate": 5 / 9,
+                                 "acceptance_histogram": [1, 2, 0, 1], "num_spec_steps": 4,
+                                 "num_accepted_draft_tokens": 5, "num_draft_tokens": 9, "num_spec_tokens": 3,
+                                 "per_step_accepted": [3, 1, 0, 1], "per_step_drafted": [3, 3, 2, 1]}}}
+    server = standin(lambda body: answer(usage=False) + [("data", final)])
+    spec = PointSpec("ngram-g3-t0-p1", "ngram", "ngram", 3, 0.0, 1.0)
+    rows = rows_of(spec, client.run(server.url, requests(2), model="m", concurrency=1))
+    for row in rows:
+        assert (row["drafted_tokens"], row["accepted_tokens"]) == (9, 5)
+        assert row["accepted_per_position"] == [3, 1, 1]  # steps that accepted more than 0, 1, 2 tokens
+        assert row["drafted_per_position"] == [4, 3, 2]  # steps that proposed more than 0, 1, 2
+    # the measured requests' own, preferred to the counters (which also count the warm-up, lead-in and tail)
+    measured = point_measurements(SpecCounters(0, 0, 0, ()), SpecCounters(20, 60, 30, (12, 10, 8)), rows,
+                                  peak_mb=None)
+    assert (measured["acceptance_source"], measured["engine_drafts"], measured["engine_draft_tokens"],
+            measured["engine_accepted_tokens"], measured["engine_accepted_per_position"]) == \
+        ("requests", 8.0, 18.0, 10.0, [6.0, 2.0, 2.0])
+    # the histogram alone (--per-request-spec-decode-metrics summary) says what was accepted per position, not
+    # what was proposed there: the point takes the counters then, never a guess
+    summary_only = {k: v for k, v in final["metrics"]["speculative_decoding"].items() if not k.startswith("per_step")}
+    row = rows_of(spec, [client.Response(0, 0.0, chunk_times_s=[0.1], text="a", end_s=0.2,
+                                         usage={"completion_tokens": 10}, spec_decoding=summary_only)])[0]
+    assert (row["accepted_per_position"], row["drafted_per_position"], row["drafted_tokens"]) == ([3, 1, 1], None, 9)
+    assert point_measurements(SpecCounters(0, 0, 0, ()), SpecCounters(4, 9, 5, ()), [row],
+                              peak_mb=None)["acceptance_source"] == "metrics"
+    baseline = rows_of(PointSpec.baseline(0.0, 1.0), [client.Response(0, 0.0, chunk_times_s=[0.1], text="a", end_s=0.2,
+                                                                     usage={"completion_tokens": 10},
+                                                                     spec_decoding=summary_only)])[0]
+    assert (baseline["drafted_tokens"], baseline["accepted_per_position"]) == (None, [])
+
+
 def test_keep_alive_reuses_connections_where_the_server_keeps_them(standin):
     server = standin(lambda body: answer())
     client.run(server.url, requests(8), model="m", concurrency=2, keep_alive=True)

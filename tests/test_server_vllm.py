@@ -93,12 +93,16 @@ def sweep(tmp_path_factory):
 
 
 @needs_vllm
-def test_a_self_draft_accepts_everything_by_vllms_own_counters(sweep):
+def test_a_self_draft_accepts_everything_by_vllms_own_per_request_counts(sweep):
     points, _, out, *_ = sweep
     requests = pd.read_parquet(out / "requests.parquet")
     for point_id in ("self-g3-t0-p1", "self-g3-t0-p1-c4"):
         row = points.loc[point_id]
-        assert row["acceptance_source"] == "metrics", point_id
+        # each measured request's own counts (--per-request-spec-decode-metrics), the point their sum
+        assert row["acceptance_source"] == "requests", point_id
+        mine = requests[requests["point_id"] == point_id]
+        assert row["engine_accepted_tokens"] == mine["accepted_tokens"].sum() > 0, point_id
+        assert row["engine_draft_tokens"] == mine["drafted_tokens"].sum(), point_id
         assert row["acceptance_rate"] >= 0.99, point_id  # measured 1.00 here: lower means the accounting is wrong
         # everything accepted: a request of d tokens after its first takes ceil(d / 4) target passes (the last may
         # be short: 15 tokens take 4, 3.75 per pass)
@@ -106,8 +110,9 @@ def test_a_self_draft_accepts_everything_by_vllms_own_counters(sweep):
         assert row["mean_accepted_length"] == pytest.approx(decode.sum() / (-(-decode // 4)).sum(), rel=0.02), point_id
         per_position = list(row["engine_accepted_per_position"])
         assert len(per_position) == 3 and per_position[0] >= per_position[-1] > 0
+        assert per_position == [sum(column) for column in zip(*mine["accepted_per_position"])], point_id
     ngram = points.loc["ngram-g3-t0-p1"]
-    assert ngram["acceptance_source"] == "metrics"
+    assert ngram["acceptance_source"] == "requests"
     assert 0 < ngram["acceptance_rate"] <= 1
     # tokens per target forward pass: n-gram lookup drafts nothing where it finds no match, and those passes count too
     decode = ngram["output_tokens"] - ngram["n_requests"]

@@ -272,8 +272,9 @@ _POINT_COLUMNS = [
     # added with steady-state points ([load] lead_in_s, window_s): the requests sent before the measured window and
     # after it (not measured), and the window's span from its first request's send (or arrival) to its last's
     "lead_in_requests", "tail_requests", "window_s",
-    # added with repeated capacity searches ([capacity] repeats): which repeat sent the probe (0: the first)
-    "capacity_repeat",
+    # added with repeated capacity searches ([capacity] repeats): which repeat sent the probe (0: the first); whether
+    # the engine's queue still grew over the point (requests waiting, last quarter of the samples less the second)
+    "capacity_repeat", "requests_waiting_growth",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -293,7 +294,7 @@ _POINT_DTYPES = {
     "gpu_count": "Int64", "gpu_memory_source": "string", "gpu_utilization_pct": "float64", "gpu_energy_j": "float64",
     "gpu_samples": "Int64", "energy_per_output_token_j": "float64", "engine_generated_tokens": "float64",
     "other_traffic_tokens": "float64", "engine_accept_length_gauge": "float64", "lead_in_requests": "Int64",
-    "tail_requests": "Int64", "capacity_repeat": "Int64",
+    "tail_requests": "Int64", "capacity_repeat": "Int64", "requests_waiting_growth": "float64",
     **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }

@@ -87,9 +87,10 @@ class ServingEngine(Protocol):
         """argv that serves `target` without speculation (binary: an explicit executable or interpreter)."""
         ...
 
-    def speculation_args(self, speculation: Speculation, *, help_text: str | None = None) -> list[str]:
+    def speculation_args(self, speculation: Speculation, *, help_text: str | None = None,
+                         version: str | None = None) -> list[str]:
         """The flags that add `speculation` to a launch; `help_text` is the binary's --help where flag names
-        depend on its version."""
+        depend on its version, `version` the installed package's (a Python engine's)."""
         ...
 
     gpu_flags: tuple[str, ...]  # the flags `gpu_args` sets (server.extra_args may not set them too)

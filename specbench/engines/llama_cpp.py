@@ -34,7 +34,8 @@ class LlamaCpp:
         between the devices it sees (its default split mode), which is not tensor parallelism."""
         return ["-ngl", "999", "-ngld", "999"]
 
-    def speculation_args(self, speculation: Speculation, *, help_text: str | None = None) -> list[str]:
+    def speculation_args(self, speculation: Speculation, *, help_text: str | None = None,
+                         version: str | None = None) -> list[str]:
         """Flags for `speculation`; without `help_text`, the 2026 names (--spec-type, --spec-draft-n-max)."""
         if not speculation.speculates:
             return []

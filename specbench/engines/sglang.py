@@ -27,7 +27,8 @@ class Sglang:
     def gpu_args(self, gpus: int) -> list[str]:
         return ["--tp-size", str(gpus)] if gpus > 1 else []
 
-    def speculation_args(self, speculation: Speculation, *, help_text: str | None = None) -> list[str]:
+    def speculation_args(self, speculation: Speculation, *, help_text: str | None = None,
+                         version: str | None = None) -> list[str]:
         if not speculation.speculates:
             return []
         if speculation.gamma_schedule is not None:

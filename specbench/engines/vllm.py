@@ -1,9 +1,11 @@
 """vLLM: `--speculative-config` JSON (method ngram | draft_model | eagle | eagle3 | mtp | medusa), with a gamma per
-batch size as its dynamic speculation (`num_speculative_tokens_per_batch_size`, vLLM 0.32 and later)."""
+batch size as its dynamic speculation (`num_speculative_tokens_per_batch_size`, vLLM 0.32 and later), and each
+response's own acceptance (`--per-request-spec-decode-metrics`, 0.32 and later)."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 from specbench.engines.base import EngineError, Speculation
@@ -49,9 +51,26 @@ class Vllm:
     def gpu_args(self, gpus: int) -> list[str]:
         return ["--tensor-parallel-size", str(gpus)] if gpus > 1 else []
 
-    def speculation_args(self, speculation: Speculation, *, help_text: str | None = None) -> list[str]:
+    def speculation_args(self, speculation: Speculation, *, help_text: str | None = None,
+                         version: str | None = None) -> list[str]:
+        """--speculative-config; where the installed vLLM has it (0.32 and later), each response's own acceptance
+        too: --per-request-spec-decode-metrics detailed puts the accepted and proposed draft tokens of every verify
+        step in the stream's final chunk, so a point's acceptance is its measured requests' own, not a counter
+        delta that also counts a steady-state lead-in and tail."""
         config = self.speculative_config(speculation)
-        return [] if config is None else ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+        if config is None:
+            return []
+        per_request = ["--per-request-spec-decode-metrics", "detailed"] if at_least(version, (0, 32)) else []
+        return ["--speculative-config", json.dumps(config, separators=(",", ":")), *per_request]
 
 
 ENGINE = Vllm()
+
+
+def at_least(version: str | None, wanted: tuple[int, ...]) -> bool:
+    """Whether a version string ("0.32.0", "0.32.1+cpu") is `wanted` or later; False where it does not say."""
+    parts = re.match(r"(\d+(?:\.\d+)*)", version or "")
+    if parts is None:
+        return False
+    numbers = tuple(int(n) for n in parts.group(1).split("."))
+    return numbers[:len(wanted)] >= wanted

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -20,8 +21,8 @@ from specbench.capacity.document import CapacityDocument, write_capacity
 from specbench.capacity.estimate import ProbeRequests, estimate_capacity
 from specbench.capacity.outcome import (Pooled, capacity_document, capacity_text, merged_history,
                                         met_in_arrival_order, search_outcome)
-from specbench.capacity.search import (Done, Next, Probe, SearchSettings, decide, fewest_to_confirm, late_sends,
-                                       next_probe, probe_of)
+from specbench.capacity.search import (Done, Next, Probe, SearchSettings, decide, fewest_to_confirm, growing_queue,
+                                       late_sends, next_probe, probe_of)
 from specbench.core import results, summary
 from specbench.core.manifest import read_manifest, write_manifest
 from specbench.core.results import PointSpec
@@ -129,6 +130,11 @@ class CapacitySearch:
             probe = probe_of(rows, load=step.load, slo=self.slo, duration_s=duration_s,
                              open_loop=axis == "request_rate", void=void) if error is None else \
                 Probe(load=step.load, n_requests=step.n_requests, met=0, duration_s=duration_s)
+            if void is None and error is None and decide(probe, settings).leaning == "pass":  # a pass only counts
+                load_seen = self.probe_summary(spec.point_id)  # in a steady state: a queue still growing is none
+                void = growing_queue(load_seen.get("requests_waiting_growth"),
+                                     running_peak=load_seen.get("requests_running_peak"))
+                probe = replace(probe, void=void)
             if spec not in self.order and spec.point_id not in self.probe_points:
                 self.probe_points.append(spec.point_id)
             requests[spec.point_id] = ProbeRequests(step.load, met_in_arrival_order(rows, self.slo)

@@ -230,7 +230,7 @@ class ServerSession:
                 argv += ["--port", str(port)]
         else:
             argv = engine.command(target=target, host=HOST, port=port, binary=self.binary)
-        argv += engine.speculation_args(speculation, help_text=self.help_text)
+        argv += engine.speculation_args(speculation, help_text=self.help_text, version=self.python_version)
         argv += (engine.gpu_args(len(self.gpus)) if self.gpus else []) + list(self.settings.extra_args)
         env = {**dict(self.settings.env), **placement.launch_env(self.gpus)}
         if engine.loads_gguf and self.binary and os.sep in self.binary:  # llama.cpp's shared libraries lie beside it

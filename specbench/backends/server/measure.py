@@ -208,8 +208,10 @@ def counters(url: str, prefix: str | None, api_key: str | None) -> SpecCounters 
 def point_measurements(before: SpecCounters | None, after: SpecCounters | None, rows: list[dict[str, Any]], *,
                        peak_mb: float | None, speculates: bool = True, load: LoadSummary | None = None,
                        attached: bool = False) -> dict[str, Any]:
-    """The engine's acceptance over the point, and where it came from: its /metrics counters, else the sum
-    of per-response counts (llama.cpp timings; a response that drafted nothing omits them: 0), else nothing —
+    """The engine's acceptance over the point, and where it came from: its measured requests' own ("requests":
+    vLLM's per-request metrics, every answered request with its per-position counts), else its /metrics counters
+    (over the whole point: warm-up, lead-in and tail included), else the sum of per-response counts (llama.cpp
+    timings; a response that drafted nothing omits them: 0), else nothing —
     never a guess. A speculating launch whose counters did not move drafted nothing (a gamma schedule's 0 at this
     batch size): zeros, from the counters. With `load` (the sampler's), what the engine held over the point:
     KV-cache usage (peak, mean), requests running and waiting (peaks), preemptions, and how many samples say so; on an
@@ -221,7 +223,16 @@ def point_measurements(before: SpecCounters | None, after: SpecCounters | None, 
                                 "engine_accepted_per_position": None,
                                 **asdict(load if load is not None else summarize_load([]))}
     answered = [row for row in rows if row.get("error") is None]
-    if before is not None and after is not None and (speculates or after.minus(before).draft_tokens > 0):
+    if speculates and answered and all(row.get("drafted_per_position") is not None for row in answered):
+        # each measured request's own (vLLM's per-request metrics): not the lead-in's, the tail's or the warm-up's
+        positions = [sum(column) for column in zip(*(row["accepted_per_position"] for row in answered))]
+        measured.update(acceptance_source="requests",
+                        engine_drafts=float(sum(row["drafted_per_position"][0] if row["drafted_per_position"] else 0
+                                                for row in answered)),
+                        engine_draft_tokens=float(sum(row["drafted_tokens"] or 0 for row in answered)),
+                        engine_accepted_tokens=float(sum(row["accepted_tokens"] or 0 for row in answered)),
+                        engine_accepted_per_position=[float(n) for n in positions] or None)
+    elif before is not None and after is not None and (speculates or after.minus(before).draft_tokens > 0):
         diff = after.minus(before)
         measured.update(acceptance_source="metrics", engine_drafts=diff.drafts, engine_draft_tokens=diff.draft_tokens,
                         engine_accepted_tokens=diff.accepted_tokens,
@@ -271,6 +282,9 @@ def request_row(spec: PointSpec, response: client.Response, *, session: "ServerS
     drafted = accepted = None
     if timings is not None and spec.method != "baseline":  # llama.cpp omits its counts where nothing was drafted
         drafted, accepted = int(timings.get("draft_n") or 0), int(timings.get("draft_n_accepted") or 0)
+    steps = per_request_acceptance(response.spec_decoding) if spec.method != "baseline" else None
+    if steps is not None:
+        drafted, accepted = steps["drafted_tokens"], steps["accepted_tokens"]
     reasoning_tokens = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
     return {
         **row, "prompt_tokens": usage.get("prompt_tokens"), "output_tokens": output_tokens,
@@ -284,7 +298,31 @@ def request_row(spec: PointSpec, response: client.Response, *, session: "ServerS
         "first_content_ms": response.first_content_s * 1e3 if response.first_content_s is not None else None,
         "reasoning_tokens": reasoning_tokens if reasoning_tokens is not None else (0 if not response.reasoning else None),
         **_UNMEASURED,
+        **({"accepted_per_position": steps["accepted_per_position"],
+            "drafted_per_position": steps["drafted_per_position"]} if steps is not None else {}),
     }
+
+
+def per_request_acceptance(metrics: dict[str, Any] | None) -> dict[str, Any] | None:
+    """One response's acceptance from vLLM's `metrics.speculative_decoding` (--per-request-spec-decode-metrics):
+    draft tokens proposed and accepted, and per draft position the verify steps that proposed a token there and
+    that accepted it (position i accepted where a step accepted more than i). The per-step arrays (`detailed`) give
+    both; the histogram alone (`summary`) gives the accepted ones, and the proposed per position stays unknown
+    (None: never guessed). None without the metrics."""
+    if not metrics:
+        return None
+    histogram = [int(n) for n in metrics.get("acceptance_histogram") or ()]
+    accepted_steps, drafted_steps = metrics.get("per_step_accepted"), metrics.get("per_step_drafted")
+    gamma = max(len(histogram) - 1, 0)
+    if accepted_steps is not None and drafted_steps is not None:
+        accepted = [sum(1 for a in accepted_steps if a > i) for i in range(gamma)]
+        drafted = [sum(1 for d in drafted_steps if d > i) for i in range(gamma)]
+    else:
+        accepted = [sum(histogram[i + 1:]) for i in range(gamma)]
+        drafted = None if sum(histogram) else [0] * gamma  # a request that never drafted proposed nothing anywhere
+    return {"drafted_tokens": int(metrics.get("num_draft_tokens") or 0),
+            "accepted_tokens": int(metrics.get("num_accepted_draft_tokens") or 0),
+            "accepted_per_position": accepted, "drafted_per_position": drafted}
 
 
 # columns of the in-process backends that a server does not show

@@ -137,6 +137,9 @@ class LoadSummary:
     metrics_samples: int  # samples taken while the requests ran
     engine_generated_tokens: float | None = None  # the output-token counter's rise, before to after
     engine_accept_length_gauge: float | None = None  # the mean of an accepted-length gauge over the samples (SGLang)
+    # requests waiting, mean over the last quarter of the samples less the mean over the second (the first is the
+    # engine filling from idle): above 0 by more than noise, the queue was still growing — no steady state
+    requests_waiting_growth: float | None = None
 
 
 def summarize_load(during: list[EngineLoad], *, before: EngineLoad | None = None,
@@ -164,7 +167,18 @@ def summarize_load(during: list[EngineLoad], *, before: EngineLoad | None = None
         metrics_samples=len(during),
         engine_generated_tokens=generated,
         engine_accept_length_gauge=sum(accept) / len(accept) if accept else None,
+        requests_waiting_growth=waiting_growth(waiting),
     )
+
+
+def waiting_growth(waiting: list[float]) -> float | None:
+    """The mean of the last quarter of `waiting` (samples in time order) less that of the second quarter; None with
+    fewer than 8 samples."""
+    if len(waiting) < 8:
+        return None
+    quarter = len(waiting) // 4
+    second, last = waiting[quarter:2 * quarter], waiting[-quarter:]
+    return sum(last) / len(last) - sum(second) / len(second)
 
 
 # --- signs of work, for telling a hung engine from a slow one ---------------------------------------------------

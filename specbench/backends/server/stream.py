@@ -1,6 +1,7 @@
 """One streamed chat completion on the wire: the request body, and what the response showed as it arrived — when
 each chunk of tokens came (a chunk may carry several: speculative engines emit a step's accepted tokens together),
-which chunks were reasoning and which the answer, and what the server reported (usage, llama.cpp's timings)."""
+which chunks were reasoning and which the answer, and what the server reported (usage, llama.cpp's timings, vLLM's
+per-request acceptance)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ class Response:
     end_s: float = 0.0  # last byte, from its send
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None  # llama.cpp's per-response timings (draft_n, draft_n_accepted)
+    spec_decoding: dict[str, Any] | None = None  # vLLM's per-request acceptance (metrics.speculative_decoding)
     finish_reason: str | None = None
     error: str | None = None  # why it failed; its other figures are then not measurements
 
@@ -87,6 +89,8 @@ async def stream_response(session: aiohttp.ClientSession, url: str, request: Req
                 response.usage = event["usage"]
             if event.get("timings"):
                 response.timings = event["timings"]
+            if (event.get("metrics") or {}).get("speculative_decoding"):  # vLLM's final chunk, beside its usage
+                response.spec_decoding = event["metrics"]["speculative_decoding"]
             for choice in event.get("choices") or ():
                 delta = choice.get("delta") or {}
                 content = delta.get("content")
