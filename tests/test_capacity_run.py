@@ -348,6 +348,9 @@ def test_a_probe_whose_point_fails_is_a_failing_probe_and_a_search_with_nothing_
      "the SLO; use a share below 1, e.g. 0.99"),
     (lambda p: p.replace("requests = 16", "requests = 16\nlead_in_s = -1.0"),
      "capacity.lead_in_s: must be a number >= 0 (got -1.0)"),
+    (lambda p: p.replace("concurrency = true", "concurrency = false\nrate = false"),
+     "capacity.rate: searches no axis: set rate = true (the highest request rate) or concurrency = true (the highest "
+     "concurrency), or both"),
     (lambda p: p.replace("requests = 16", "requests = 16\nrepeats = 0"),
      "capacity.repeats: must be an integer >= 1 (got 0)"),
     (lambda p: p.replace("ttft_ms = 1000", 'ttft_ms = "3x serial"').replace("temperature = [0.0]",
@@ -543,3 +546,13 @@ def test_a_queue_grows_when_its_last_quarter_waits_more_than_its_second():
     assert growing_queue(0.5, running_peak=8) is None and growing_queue(None, running_peak=8) is None
     assert growing_queue(2.5, running_peak=16) is None  # within a quarter of what it ran at once
     assert growing_queue(4.0, running_peak=8).startswith("the engine's queue was still growing (requests waiting +4.0")
+
+
+def test_a_search_on_the_concurrency_axis_alone_sends_no_rate(folder, monkeypatch):
+    (folder / "standin.toml").write_text(PROFILE.replace("concurrency = true", "concurrency = true\nrate = false"))
+    engine = StandIn({"baseline": 1.3, "ngram": 1.7}, {"baseline": 3, "ngram": 5})
+    result = run(monkeypatch, engine)
+    assert result.exit_code == 0, result.output
+    assert set(by_configuration(folder)) == {("baseline", "concurrency"), ("ngram γ3", "concurrency")}
+    assert not [point for point in engine.points if "-r" in point.split("-p1")[-1]]  # no rate point was sent
+    assert by_configuration(folder)["ngram γ3", "concurrency"]["capacity"] == 5

@@ -57,6 +57,12 @@ def test_a_capacity_tune_needs_a_capacity_table(tmp_path, monkeypatch):
     assert result.output.strip() == ("error: --objective capacity: standin.toml has no [capacity] table: a trial is one "
                                      "capacity search (add [capacity], with an [slo])")
     assert not (tmp_path / "tuned").exists()
+    (tmp_path / "standin.toml").write_text(PROFILE.replace("concurrency = true", "concurrency = true\nrate = false"))
+    result = CliRunner().invoke(app, ["tune", "standin.toml", "--objective", "capacity", "--out", "tuned"])
+    assert (result.exit_code, result.output.strip()) == (2, (
+        "error: --objective capacity: a trial searches the highest request rate, which standin.toml turns off "
+        "([capacity] rate = false): remove it"))
+    assert not (tmp_path / "tuned").exists()
 
 
 def test_a_tune_refuses_slo_limits_relative_to_the_serial_figures(tmp_path, monkeypatch):

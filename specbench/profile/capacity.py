@@ -45,11 +45,15 @@ class CapacitySpec(Table):
     lowest_rps: PositiveFloat | None = None  # no probe below (default: the start / 4)
     highest_rps: PositiveFloat | None = None  # no probe above (default: none)
     growth: _Growth = 2.0  # the factor between probes until the bracket closes (up from a pass, down from a fail)
-    concurrency: StrictBool = False  # also the highest concurrency (closed loop), from 1
+    rate: StrictBool = True  # the highest request rate (open loop)
+    concurrency: StrictBool = False  # the highest concurrency (closed loop), from 1 (too, with `rate`)
     max_concurrency: PositiveInt | None = None  # no concurrency probe above
 
     @model_validator(mode="after")
     def _consistent(self) -> "CapacitySpec":
+        if not (self.rate or self.concurrency):
+            raise rule("searches no axis: set rate = true (the highest request rate) or concurrency = true (the "
+                       "highest concurrency), or both", at=("rate",))
         if self.resolution is not None and self.resolution_rps is not None:
             raise rule("give one of resolution (relative, e.g. 0.1) and resolution_rps (requests/s), not both",
                        at=("resolution_rps",))

@@ -68,7 +68,8 @@ class CapacitySearch:
         """Every (temperature, top_p) of one launch configuration, on each axis asked for; `repeat` of
         [capacity] repeats (0: the first), pooled with the repeats before it."""
         for spec in dict.fromkeys(s.at_load(concurrency=1) for s in launch):
-            for axis in ("request_rate", "concurrency") if self.spec.concurrency else ("request_rate",):
+            for axis in [axis for axis, asked in (("request_rate", self.spec.rate), ("concurrency", self.spec.concurrency))
+                         if asked]:
                 entry = self.search_configuration(spec, axis, repeat=repeat)
                 if repeat == 0:
                     self.entries.append(entry)

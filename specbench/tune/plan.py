@@ -127,6 +127,9 @@ def make_plan(profile: Profile | None, *, out_dir: Path, settings: TuneSettings,
         raise TuneError(f"--objective capacity: {where} has no [capacity] table: a trial is one capacity search (add "
                         "[capacity], with an [slo])" if replay is None else
                         "--objective capacity: capacity searches run on the engine; --replay cannot answer them")
+    if settings.objective.name == "capacity" and not profile.capacity.rate:
+        raise TuneError(f"--objective capacity: a trial searches the highest request rate, which {where} turns off "
+                        "([capacity] rate = false): remove it")
     if len(levels) > 1 and settings.objective.is_pareto:
         raise TuneError("--objective pareto: with several load levels, tune one objective over the load mix "
                         "(tokens_per_s, speedup, goodput or a latency percentile)")
