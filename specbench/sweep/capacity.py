@@ -149,7 +149,7 @@ class CapacitySearch:
         own = estimate_capacity(list(requests.values()), target=settings.target, confidence=settings.confidence,
                                 integer=settings.integer, seed=seed)
         outcome = search_outcome(history, settings, [p for p in entry["probes"] if p["repeat"] == repeat], axis,
-                           estimate=own, usd_per_hour=self.ctx.profile.usd_per_replica_hour)
+                                 estimate=own, usd_per_hour=self.ctx.profile.usd_per_replica_hour)
         errors = [p["error"] for p in entry["probes"] if p["repeat"] == repeat]
         if errors and all(errors):  # nothing was measured at any load: the search says why rather than a capacity
             outcome["status"] = f"failed: {errors[-1]}"
@@ -158,8 +158,10 @@ class CapacitySearch:
             return {**entry, **outcome}
         together = estimate_capacity(pooled.requests, target=settings.target, confidence=settings.confidence,
                                      integer=settings.integer, seed=seed)
-        merged = search_outcome(merged_history(pooled.histories), settings, entry["probes"], axis, estimate=together,
-                          usd_per_hour=self.ctx.profile.usd_per_replica_hour)
+        # the repeats' probes as one search's, judged without the per-search limits (each repeat had its own)
+        unlimited = replace(settings, max_probes=len(entry["probes"]) + 1, max_time_s=None)
+        merged = search_outcome(merged_history(pooled.histories), unlimited, entry["probes"], axis,
+                                estimate=together, usd_per_hour=self.ctx.profile.usd_per_replica_hour)
         if all(r["status"].startswith("failed") for r in pooled.repeats):
             merged["status"] = pooled.repeats[-1]["status"]
         self.observer.message(f"{name}: this repeat {capacity_text(outcome)}; every repeat so far pooled "
