@@ -96,7 +96,7 @@ CHECK_PYTHON = found=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_in
 	echo "specbench needs Python >= 3.11, and $(PYTHON) is $${found:+Python }$${found:-not found}: give a newer one, e.g. make PYTHON=python3.11 (Ubuntu 22.04: sudo apt install python3.11 python3.11-venv)"; \
 	exit 1; }
 
-.PHONY: install run test bench bench-capacity gpu-check gpu-wheels bench-server bench-sharegpt clean check-python check-torch \
+.PHONY: install run test bench bench-capacity bench-aiperf gpu-check gpu-wheels bench-server bench-sharegpt clean check-python check-torch \
 	engines engine-llama.cpp engine-vllm engine-sglang .engines/llama-server .engines/vllm
 
 install: $(STAMP)
@@ -227,6 +227,21 @@ bench-sharegpt: $(STAMP) engine-vllm
 # the same capacity search run twice (ARGS="--runs 3"): how far apart its capacities land here (~21 min)
 bench-capacity: $(STAMP) engine-vllm
 	$(BIN)/python -m benches.capacity $(ARGS)
+
+# specbench's concurrency capacity against AIPerf's max-concurrency-under-sla search on one vLLM CPU server
+# (docs/measurements.md). AIPerf is a peer, never a dependency: it lives in its own virtualenv beside the engines.
+AIPERF_SPEC := aiperf==0.13.0
+bench-aiperf: $(STAMP) engine-vllm .engines/aiperf
+	$(BIN)/python -m benches.aiperf $(ARGS)
+
+.engines/aiperf:
+	@mkdir -p .engines $(ENGINES_DIR)
+	@if [ ! -x $(ENGINES_DIR)/aiperf/bin/aiperf ]; then \
+		set -e; echo "install: $(AIPERF_SPEC) into $(ENGINES_DIR)/aiperf (its own virtualenv)"; \
+		rm -rf $(ENGINES_DIR)/aiperf; $(PYTHON) -m venv $(ENGINES_DIR)/aiperf; \
+		$(ENGINES_DIR)/aiperf/bin/python -m pip install -q $(AIPERF_SPEC); \
+	fi
+	@ln -sfn $(ENGINES_DIR)/aiperf $@
 
 # The prepared check for a GPU machine with no network (docs/gpu.md): a ~1B Llama-shaped target from a config, drafts
 # and a head distilled there, decoded eager and compiled (CUDA graphs), greedy equality, peak memory and energy per

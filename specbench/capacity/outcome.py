@@ -56,7 +56,7 @@ class Pooled:
 
 def merged_history(histories: list[list[Probe]]) -> list[Probe]:
     """The probes of several repeats as one search's: per load, its last probe in each repeat pooled (requests,
-    met, time), void where every one was; in the order the loads were first probed."""
+    met, time), void where every one was, unsustained where one was; in the order the loads were first probed."""
     latest: dict[float, list[Probe]] = {}
     for history in histories:
         own = {p.load: p for p in history}
@@ -67,7 +67,8 @@ def merged_history(histories: list[list[Probe]]) -> list[Probe]:
         counted = [p for p in probes if p.void is None] or probes
         merged.append(Probe(load=load, n_requests=sum(p.n_requests for p in counted), met=sum(p.met for p in counted),
                             duration_s=sum(p.duration_s for p in probes),
-                            void=None if any(p.void is None for p in probes) else probes[-1].void))
+                            void=None if any(p.void is None for p in probes) else probes[-1].void,
+                            unsustained=next((p.unsustained for p in counted if p.unsustained), None)))
     return merged
 
 
@@ -99,12 +100,20 @@ def search_outcome(history: list[Probe], settings: SearchSettings, probes: list[
         return [decision.attainment, decision.ci_low, decision.ci_high]
 
     capacity = estimate.capacity if estimate is not None and outcome.passing is not None else None
-    notes = [outcome.note, estimate.note if capacity is not None else None,
+    high = estimate.ci_high if capacity is not None else None
+    conditioning = estimate.note if capacity is not None else None
+    unsustained = outcome.failing if outcome.failing is not None and outcome.failing.unsustained else None
+    if capacity is not None and unsustained is not None and (high is None or high > unsustained.load):
+        # the fit leaves out the load where the queue grew, yet the capacity lies below it: the interval ends there
+        high = unsustained.load
+        conditioning = (f"its interval ends at {high:g}, where the engine's queue still grew"
+                        if estimate.ci_high is None else conditioning)
+    notes = [outcome.note, conditioning,
              "the attainment fitted to every probe misses the target at every load probed"
              if outcome.passing is not None and capacity is None else None]
     return {"status": outcome.status, "capacity": capacity,
             "capacity_low": estimate.ci_low if capacity is not None else None,
-            "capacity_high": estimate.ci_high if capacity is not None else None,
+            "capacity_high": high,
             "bracket_low": outcome.passing.load if outcome.passing else None,
             "bracket_high": outcome.failing.load if outcome.failing else None,
             "attainment_low": attainment(outcome.passing), "attainment_high": attainment(outcome.failing),

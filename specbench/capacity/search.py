@@ -61,6 +61,9 @@ class Probe:
     duration_s: float = 0.0
     completed_per_s: float | None = None  # requests finished per second (open loop): the knee once saturated
     void: str | None = None  # why the probe cannot be trusted (the client sent late): neither a pass nor a fail
+    # why the load cannot be sustained although its window met the SLO (the engine's queue still grew): a fail whose
+    # attainment is not a measurement of the steady state (the fit leaves its requests out)
+    unsustained: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,8 @@ def decide(probe: Probe, settings: SearchSettings) -> Decision:
     probe may still grow (leaning the way its point estimate does), then the point estimate decides."""
     attainment = probe.met / probe.n_requests if probe.n_requests else 0.0
     low, high = wilson_interval(probe.met, probe.n_requests, confidence=settings.confidence)
+    if probe.unsustained is not None:
+        return Decision("fail", f"fail: {probe.unsustained}", attainment, low, high, "fail")
     leaning = "pass" if attainment >= settings.target else "fail"
     if low >= settings.target:
         return Decision("pass", "pass", attainment, low, high, "pass")
@@ -198,13 +203,6 @@ def bracket(history: Sequence[Probe], settings: SearchSettings) -> tuple[Probe |
     return (max(passes, key=lambda p: p.load) if passes else None), failing
 
 
-def _void_cause(history: Sequence[Probe], load: float) -> str:
-    """Why the void probe at `load` measured nothing, in a few words."""
-    void = next(p.void for p in history if p.load == load and p.void is not None)
-    return "the engine's queue was still growing" if void.startswith("the engine's queue") else \
-        "the client could not send on time"
-
-
 def client_ceiling(history: Sequence[Probe]) -> float | None:
     """The lowest load of a void probe: at it the client could not send on time, so no load from it up is measured."""
     return min((p.load for p in history if p.void is not None), default=None)
@@ -234,10 +232,10 @@ def conclude(history: Sequence[Probe], settings: SearchSettings, *, unit: str = 
         [f"not confirmed at {', '.join(f'{p.load:g}' for p in unconfirmed)}: the interval straddles the target"]
         if unconfirmed else [])
     if ceiling is not None:
-        notes.append(f"{_void_cause(history, ceiling)} at {ceiling:g}: no {unit} from there up was measured")
+        notes.append(f"the client could not send on time at {ceiling:g}: no {unit} from there up was measured")
     note = "; ".join(notes) or None
     if passing is None and failing is None:
-        return Outcome(f"not bracketed: {_void_cause(history, ceiling)} even at {ceiling:g}", None, None, None, note)
+        return Outcome(f"not bracketed: the client could not send on time even at {ceiling:g}", None, None, None, note)
     if passing is None:
         lowest = min(p.load for p in history if p.void is None)
         return Outcome(f"not bracketed: misses the SLO at its lowest {unit} {lowest:g}", None, None, failing, note)
@@ -324,12 +322,13 @@ def late_sends(rows: pd.DataFrame, slo: Mapping[str, float], *, share: float,
 
 
 def growing_queue(growth: float | None, *, running_peak: int | None) -> str | None:
-    """Why a probe that passed cannot be trusted, or None: the engine's queue was still growing over it (requests
+    """Why a rate probe's load cannot be sustained, or None: the engine's queue was still growing over it (requests
     waiting, the last quarter of its /metrics samples against the second, up by more than 2 and than a quarter of the
-    most requests it ran at once). It did not reach a steady state: held longer, its requests would wait ever longer."""
+    most requests it ran at once). Requests arrived faster than they were served: held longer, they would wait ever
+    longer, whatever its window met."""
     if growth is None or growth <= max(2.0, 0.25 * (running_peak or 0)):
         return None
-    return f"the engine's queue was still growing (requests waiting +{growth:.1f} over the probe): not a steady state"
+    return f"the engine's queue was still growing (requests waiting +{growth:.1f} over the probe): not sustainable"
 
 
 def probe_of(rows: pd.DataFrame, *, load: float, slo: Mapping[str, float], duration_s: float = 0.0,

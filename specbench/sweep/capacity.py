@@ -131,16 +131,16 @@ class CapacitySearch:
             probe = probe_of(rows, load=step.load, slo=self.slo, duration_s=duration_s,
                              open_loop=axis == "request_rate", void=void) if error is None else \
                 Probe(load=step.load, n_requests=step.n_requests, met=0, duration_s=duration_s)
-            if void is None and error is None and decide(probe, settings).leaning == "pass":  # a pass only counts
-                load_seen = self.probe_summary(spec.point_id)  # in a steady state: a queue still growing is none
-                void = growing_queue(load_seen.get("requests_waiting_growth"),
-                                     running_peak=load_seen.get("requests_running_peak"))
-                probe = replace(probe, void=void)
+            if void is None and error is None and axis == "request_rate" and \
+                    decide(probe, settings).leaning == "pass":  # a pass counts only where the engine kept up
+                load_seen = self.probe_summary(spec.point_id)
+                probe = replace(probe, unsustained=growing_queue(load_seen.get("requests_waiting_growth"),
+                                                                 running_peak=load_seen.get("requests_running_peak")))
             if spec not in self.order and spec.point_id not in self.probe_points:
                 self.probe_points.append(spec.point_id)
             requests[spec.point_id] = ProbeRequests(step.load, met_in_arrival_order(rows, self.slo)
                                                     if error is None else np.zeros(step.n_requests, bool))
-            if void is not None:  # the fit has nothing to learn from it
+            if void is not None or probe.unsustained is not None:  # the fit has nothing to learn from its window
                 del requests[spec.point_id]
             history.append(probe)
             entry["probes"].append(self._record(spec, probe, rows, settings, history, axis=axis, name=name,
