@@ -99,7 +99,10 @@ def test_the_search_finds_a_knee_for_the_baseline_and_n_gram(run):
         low, high = entry["capacity_low"], entry["capacity_high"]
         assert (low is None or low <= entry["capacity"]) and (high is None or entry["capacity"] <= high)
         assert (low is not None and high is not None) or "interval reaches" in entry["note"]
-        assert sorted({p["load"] for p in entry["probes"]}) == [point[0] for point in entry["curve"]]
+        # every probe's load is fitted but those whose window was not a steady state (the engine's queue still
+        # grew: a fail whose attainment is a transient's) or whose client sent late (void)
+        steady = {p["load"] for p in entry["probes"] if "queue" not in p["decision"] and not p["void"]}
+        assert sorted(steady) == [point[0] for point in entry["curve"]]
         assert entry["usd_per_mtok_at_capacity"] > 0
     ngram = found["ngram γ3"]
     assert ngram["gain_vs_baseline"] == pytest.approx(ngram["capacity"] / found["baseline"]["capacity"] - 1)
