@@ -46,21 +46,23 @@ AIPERF_HINT = ("python3 -m venv .engines/aiperf && .engines/aiperf/bin/pip insta
                "virtualenv: never a dependency of specbench)")
 
 
-def launch_vllm(profile, *, port: int) -> subprocess.Popen:
-    """vLLM serving the profile's target as its baseline launch does, in its own process group."""
+def launch_vllm(profile, *, port: int, log: Path) -> subprocess.Popen:
+    """vLLM serving the profile's target as its baseline launch does, in its own process group; its output in
+    `log`."""
     engine = ENGINES["vllm"]
-    binary = str((Path(profile.source).parent / profile.server.binary).resolve()) if profile.server.binary else None
     argv = engine.command(target=engine_reference(profile.target.model, engine), host="127.0.0.1", port=port,
-                          binary=binary) + list(profile.server.extra_args)
-    return subprocess.Popen(argv, env={**os.environ, **dict(profile.server.env)}, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          binary=profile.server.binary) + list(profile.server.extra_args)
+    with log.open("w") as out:
+        return subprocess.Popen(argv, env={**os.environ, **dict(profile.server.env)}, start_new_session=True,
+                                stdout=out, stderr=subprocess.STDOUT)
 
 
-def wait_ready(url: str, server: subprocess.Popen, *, timeout_s: float) -> None:
+def wait_ready(url: str, server: subprocess.Popen, *, timeout_s: float, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise SystemExit(f"vLLM exited with {server.returncode} before it was ready")
+            raise SystemExit(f"vLLM exited with {server.returncode} before it was ready: "
+                             + " ".join(log.read_text().split()[-40:]))
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
                 if answer.status == 200:
@@ -158,9 +160,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="specbench-aiperf-") as scratch:
         folder = args.out or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
-        server = launch_vllm(profile, port=port)
+        server = launch_vllm(profile, port=port, log=folder / "vllm.log")
         try:
-            wait_ready(url, server, timeout_s=profile.server.ready_timeout_s)
+            wait_ready(url, server, timeout_s=profile.server.ready_timeout_s, log=folder / "vllm.log")
             print("[bench] specbench's concurrency search", file=sys.stderr, flush=True)
             mine = run_specbench(specbench_profile(source, url=url, tpot_ms=args.tpot_ms,
                                                    max_concurrency=args.max_concurrency, requests=args.requests),
