@@ -93,7 +93,7 @@ def specbench_profile(source: Path, *, url: str, tpot_ms: str, max_concurrency: 
         'name = "aiperf-comparison"', 'backend = "server"',
         "[server]", 'engine = "vllm"', f'url = "{url}"', 'model = "specbench-target"',
         "[target]", f'model = "{data["target"]["model"]}"',
-        "[sweep]", "temperature = [0.0]",
+        "[sweep]", "gamma = [3]", "temperature = [0.0]",  # gamma: no draft here, but [sweep] asks for one
         "[workload]", f'prompts = "{workload["prompts"]}"', f"max_prompts = {workload['max_prompts']}",
         f"max_new_tokens = {workload['max_new_tokens']}", "ignore_eos = true",
         "[slo]", f"tpot_ms = {tpot_ms}",
