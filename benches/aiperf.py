@@ -191,6 +191,11 @@ def aiperf_boundary(folder: Path) -> dict | None:
     return None
 
 
+def _history(folder: Path) -> dict:
+    paths = sorted(folder.rglob("search_history.json"))
+    return json.loads(paths[0].read_text()) if paths else {}
+
+
 def _find(data, key: str):
     """The object holding `key`, anywhere in a JSON document."""
     if isinstance(data, dict):
@@ -216,9 +221,13 @@ def report(mine: dict, peer: subprocess.CompletedProcess, peer_s: float, folder:
         print((peer.stderr or peer.stdout)[-3000:])
         return
     high = (boundary.get("feasible_max") or {}).get("value")
-    low = (boundary.get("infeasible_min") or {}).get("value")
-    print(f"AIPerf: highest concurrency meeting it {high}, lowest missing it {low} "
-          f"({boundary.get('convergence_reason')}; {peer_s:.0f} s)")
+    missed = boundary.get("infeasible_min") or {}
+    breach = missed.get("first_breach") or {}
+    iterations = "; ".join(f"{next(iter(i['variation_values'].values()))}: {'met' if i['feasible'] else 'missed'}"
+                           for i in _history(folder / "aiperf").get("iterations", []))
+    print(f"AIPerf: highest concurrency meeting it {high}, lowest missing it {missed.get('value')}"
+          + (f" ({breach.get('metric_tag')} {breach.get('stat')} {breach.get('observed', 0):.4g} ms there)"
+             if breach else "") + f"; runs {iterations}; {peer_s:.0f} s")
     if high and entry["capacity"]:
         print(f"specbench / AIPerf: {entry['capacity'] / high:.2f}")
 
