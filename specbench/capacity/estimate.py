@@ -125,10 +125,11 @@ def estimate_capacity(probes: Sequence[ProbeRequests], *, target: float, confide
     sampled = (ci_low, ci_high)
     if capacity is None:
         ci_low = ci_high = None
-    elif status == ESTIMATED:  # nor can it be placed closer than the two probed loads the crossing lies between
+    elif status == ESTIMATED:  # nor can it be placed closer than the two probed loads the crossing lies between;
+        # an end the resamples left open (they met the target at every load, or missed it at every one) stays open
         below, above = _between(loads, fitted, target, integer=integer)
-        ci_low = below if ci_low is None else min(ci_low, below)
-        ci_high = above if ci_high is None else max(ci_high, above)
+        ci_low = None if ci_low is None else min(ci_low, below)
+        ci_high = None if ci_high is None else max(ci_high, above)
     estimate = CapacityEstimate(capacity, ci_low, ci_high, confidence, status,
                                 tuple((float(x), int(n), float(f)) for x, n, f in zip(loads, sent, fitted)))
     return replace(estimate, note=_conditioning(estimate, target=target, max_half_width=max_half_width,
