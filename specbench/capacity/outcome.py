@@ -103,16 +103,20 @@ def search_outcome(history: list[Probe], settings: SearchSettings, probes: list[
     high = estimate.ci_high if capacity is not None else None
     conditioning = estimate.note if capacity is not None else None
     unsustained = outcome.failing if outcome.failing is not None and outcome.failing.unsustained else None
+    low = estimate.ci_low if capacity is not None else None
     if capacity is not None and unsustained is not None and (high is None or high > unsustained.load):
         # the fit leaves out the load where the queue grew, yet the capacity lies below it: the interval ends there
+        # (and a crossing the fit put above it, between the loads either side, comes down to it)
         high = unsustained.load
+        capacity = min(capacity, high)
+        low = min(low, capacity) if low is not None else None
         conditioning = (f"its interval ends at {high:g}, where the engine's queue still grew"
                         if estimate.ci_high is None else conditioning)
     notes = [outcome.note, conditioning,
              "the attainment fitted to every probe misses the target at every load probed"
              if outcome.passing is not None and capacity is None else None]
     return {"status": outcome.status, "capacity": capacity,
-            "capacity_low": estimate.ci_low if capacity is not None else None,
+            "capacity_low": low,
             "capacity_high": high,
             "bracket_low": outcome.passing.load if outcome.passing else None,
             "bracket_high": outcome.failing.load if outcome.failing else None,
