@@ -564,3 +564,26 @@ def test_a_search_on_the_concurrency_axis_alone_sends_no_rate(folder, monkeypatc
     assert set(by_configuration(folder)) == {("baseline", "concurrency"), ("ngram γ3", "concurrency")}
     assert not [point for point in engine.points if "-r" in point.split("-p1")[-1]]  # no rate point was sent
     assert by_configuration(folder)["ngram γ3", "concurrency"]["capacity"] == 5
+
+
+def test_a_crossing_the_fit_puts_above_the_load_where_the_queue_grew_comes_down_to_it():
+    # what CI met on vLLM: 9 met, 18 half met, 12.7 met in its window while the queue grew (out of the fit): the
+    # fit alone crosses 0.75 halfway (in log load) from 9 to 18, at 12.73, above a load the engine could not keep up
+    # with
+    import numpy as np
+
+    from specbench.capacity.estimate import ProbeRequests, estimate_capacity
+    from specbench.capacity.outcome import search_outcome
+    from specbench.capacity.search import Probe, SearchSettings
+
+    settings = SearchSettings(target=0.75, confidence=0.8, requests=12, max_requests=12, max_probes=16,
+                              max_time_s=None, growth=2.0, resolution=0.5, relative=True, start=9.0, lowest=2.0,
+                              highest=None)
+    history = [Probe(load=9.0, n_requests=12, met=12), Probe(load=18.0, n_requests=12, met=0),
+               Probe(load=12.7, n_requests=12, met=12, unsustained="the engine's queue was still growing")]
+    estimate = estimate_capacity([ProbeRequests(9.0, np.ones(12, bool)),
+                                  ProbeRequests(18.0, np.array([True, False] * 6))], target=0.75, confidence=0.8)
+    assert estimate.capacity == pytest.approx(12.73, abs=0.01)
+    outcome = search_outcome(history, settings, [], "request_rate", estimate=estimate)
+    assert outcome["status"] == "found" and (outcome["bracket_low"], outcome["bracket_high"]) == (9.0, 12.7)
+    assert (outcome["capacity_low"], outcome["capacity"], outcome["capacity_high"]) == (9.0, 12.7, 12.7)
