@@ -335,3 +335,18 @@ def test_a_folder_without_capacity_json_renders_as_before(tmp_path, capacity_run
     html = render(build_report([plain]), Format.html)
     assert "Capacity" not in html and "SLO attainment" not in html
     assert "Capacity" not in report_cli(plain).stdout
+
+
+def test_a_repeated_search_shows_each_repeats_capacity_beside_the_pooled_one():
+    from specbench.report.capacity import display_capacity
+
+    document = copy.deepcopy(DOCUMENT)
+    for entry, (first, second) in zip(document["configurations"], ((1.02, 0.98), (1.31, None))):
+        entry["repeats"] = [{"repeat": 0, "status": "found", "capacity": first, "capacity_low": None,
+                             "capacity_high": None},
+                            {"repeat": 1, "status": "not bracketed", "capacity": second}]
+    report = capacity_report(document_from_dict(document))
+    group = groups(report)[0]
+    assert list(display_capacity(report, group.configurations)["each repeat"])[:2] == ["1.02 · 0.98", "1.31 · -"]
+    plain = capacity_report(document_from_dict(copy.deepcopy(DOCUMENT)))  # one search: no such column
+    assert "each repeat" not in display_capacity(plain, groups(plain)[0].configurations)

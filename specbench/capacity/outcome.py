@@ -18,15 +18,15 @@ from specbench.core import cost
 
 
 class Pooled:
-    """One configuration's search on one axis over its repeats: their probes, requests and outcomes; `first` is its
-    entry as the run lists it."""
+    """One configuration's search on one axis over its repeats: their probes, requests and outcomes; `entry` is its
+    capacity.json entry with every repeat so far."""
 
     def __init__(self) -> None:
         self.probes: list[dict[str, Any]] = []  # every repeat's, in the order sent ("repeat" in each)
         self.histories: list[list[Probe]] = []
         self.by_point: dict[str, ProbeRequests] = {}
         self.repeats: list[dict[str, Any]] = []  # per repeat: its own capacity, interval and status
-        self.first: dict[str, Any] | None = None
+        self.entry: dict[str, Any] | None = None
 
     @property
     def requests(self) -> list[ProbeRequests]:
@@ -49,9 +49,9 @@ class Pooled:
         """The entry of a repeat that could not search (`status` says why): the repeats before it stand."""
         self.repeats.append({"repeat": repeat, "status": status, "capacity": None, "capacity_low": None,
                              "capacity_high": None})
-        if self.first is None or repeat == 0:
+        if self.entry is None or repeat == 0:
             return {**entry, **empty_outcome(), "status": status} | ({"repeats": list(self.repeats)} if repeat else {})
-        return {**self.first, "repeats": list(self.repeats)}
+        return {**self.entry, "repeats": list(self.repeats)}
 
 
 def merged_history(histories: list[list[Probe]]) -> list[Probe]:
@@ -86,7 +86,7 @@ def empty_outcome() -> dict[str, Any]:
 
 
 def search_outcome(history: list[Probe], settings: SearchSettings, probes: list[dict], axis: str, *,
-             estimate: CapacityEstimate | None, usd_per_hour: float | None = None) -> dict[str, Any]:
+                   estimate: CapacityEstimate | None, usd_per_hour: float | None = None) -> dict[str, Any]:
     """The entry's capacity with its interval (the estimate), the bracket the search closed and the attainment at
     each end, from the probes so far, and what 1M output tokens cost at capacity (`usd_per_mtok_at_capacity`)."""
     if not history:

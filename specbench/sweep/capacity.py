@@ -58,11 +58,15 @@ class CapacitySearch:
         self.spec = ctx.profile.capacity
         slo = ctx.profile.slo
         self.slo: dict[str, float] = {} if slo.relative() else slo.limits()  # relative: resolved before each search
-        self.entries: list[dict[str, Any]] = []
         self.probe_points: list[str] = []  # the probes' points that the sweep does not plan
         self._several_temperatures = len({(s.temperature, s.top_p) for s in order}) > 1
         self._request_s: float | None = None  # one request alone, as the last serial point measured it
-        self._pooled: dict[tuple[PointSpec, str], Pooled] = {}  # per configuration and axis: every repeat so far
+        self._pooled: dict[tuple[PointSpec, str], Pooled] = {}  # per configuration and axis, in the order searched
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        """capacity.json's entries so far: each configuration and axis with every repeat searched."""
+        return [pooled.entry for pooled in self._pooled.values() if pooled.entry is not None]
 
     def search(self, launch: list[PointSpec], *, repeat: int = 0) -> None:
         """Every (temperature, top_p) of one launch configuration, on each axis asked for; `repeat` of
@@ -70,12 +74,7 @@ class CapacitySearch:
         for spec in dict.fromkeys(s.at_load(concurrency=1) for s in launch):
             for axis in [axis for axis, asked in (("request_rate", self.spec.rate), ("concurrency", self.spec.concurrency))
                          if asked]:
-                entry = self.search_configuration(spec, axis, repeat=repeat)
-                if repeat == 0:
-                    self.entries.append(entry)
-                else:  # the entry of the first repeat, now with every repeat's probes
-                    self.entries[self.entries.index(self._pooled[(spec, axis)].first)] = entry
-                self._pooled[(spec, axis)].first = entry
+                self._pooled[(spec, axis)].entry = self.search_configuration(spec, axis, repeat=repeat)
             self._write_manifest()
 
     def finish(self) -> CapacityDocument:
