@@ -23,19 +23,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import tomllib
-import urllib.request
 from pathlib import Path
 
 from specbench.backends.server.backend import engine_reference
-from specbench.backends.server.process import free_port
+from specbench.backends.server.process import ServerProcess, free_port
 from specbench.engines import ENGINES
 from specbench.models.load import load_tokenizer
 from specbench.profile import load_profile
@@ -46,41 +43,13 @@ AIPERF_HINT = ("python3 -m venv .engines/aiperf && .engines/aiperf/bin/pip insta
                "virtualenv: never a dependency of specbench)")
 
 
-def launch_vllm(profile, *, port: int, log: Path) -> subprocess.Popen:
-    """vLLM serving the profile's target as its baseline launch does, in its own process group; its output in
-    `log`."""
+def launch_vllm(profile, *, port: int, log: Path) -> ServerProcess:
+    """vLLM serving the profile's target as its baseline launch does, under specbench's own lifeline (its whole
+    process group ends with this bench, kill -9 included); its output in `log`."""
     engine = ENGINES["vllm"]
     argv = engine.command(target=engine_reference(profile.target.model, engine), host="127.0.0.1", port=port,
                           binary=profile.server.binary) + list(profile.server.extra_args)
-    with log.open("w") as out:
-        return subprocess.Popen(argv, env={**os.environ, **dict(profile.server.env)}, start_new_session=True,
-                                stdout=out, stderr=subprocess.STDOUT)
-
-
-def wait_ready(url: str, server: subprocess.Popen, *, timeout_s: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"vLLM exited with {server.returncode} before it was ready: "
-                             + " ".join(log.read_text().split()[-40:]))
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"vLLM was not ready at {url} within {timeout_s:.0f} s")
-
-
-def stop(server: subprocess.Popen) -> None:
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+    return ServerProcess(argv, log_path=log, env=dict(profile.server.env), port=port).start()
 
 
 def specbench_profile(source: Path, *, url: str, tpot_ms: str, max_concurrency: int, requests: int) -> str:
@@ -162,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         server = launch_vllm(profile, port=port, log=folder / "vllm.log")
         try:
-            wait_ready(url, server, timeout_s=profile.server.ready_timeout_s, log=folder / "vllm.log")
+            server.wait_ready(timeout_s=profile.server.ready_timeout_s)
             print("[bench] specbench's concurrency search", file=sys.stderr, flush=True)
             mine = run_specbench(specbench_profile(source, url=url, tpot_ms=args.tpot_ms,
                                                    max_concurrency=args.max_concurrency, requests=args.requests),
@@ -176,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
                               requests=args.requests, folder=folder)
             peer_s = time.monotonic() - started
         finally:
-            stop(server)
+            server.stop()
         report(mine, peer, peer_s, folder)
 
 
