@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from specbench.capacity.estimate import (ABOVE, BELOW, ESTIMATED, ProbeRequests, compare, crossing,
+from specbench.capacity.estimate import (ABOVE, BELOW, ESTIMATED, ProbeRequests, compare, crossing, dispersion,
                                          estimate_capacity, fit_attainment, gain_interval, pooled)
 
 
@@ -140,3 +140,43 @@ def test_a_crossing_at_the_highest_load_that_resamples_can_pass_stays_open_above
     estimate = estimate_capacity(probes, target=0.9, seed=0)
     assert estimate.status == ESTIMATED and 0.62 < estimate.capacity < 0.676
     assert estimate.ci_high is None and estimate.note == "its 95 % interval reaches above the highest load probed"
+
+
+def drawn_probes(loads, n, *, seed, spread):
+    """Probes whose every draw of arrivals moves the whole probe: the logistic's logit shifted by a normal draw of
+    sd `spread` per probe (near capacity, one burst decides a window), its requests independent given that draw."""
+    rng = np.random.default_rng(seed)
+    return [ProbeRequests(x, rng.random(n) < 1 / (1 + np.exp((x - 2.0) * 6.0 + spread * rng.standard_normal())))
+            for x in loads]
+
+
+def dispersion_of(probes):
+    loads, met, sent = pooled(probes)
+    return dispersion(probes, loads, fit_attainment(met, sent))
+
+
+def test_the_dispersion_tells_draws_that_move_whole_probes_from_independent_requests():
+    flat = [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4]  # attainment 0.9 everywhere: the fit pools most of them
+    independent, shifted = [], []
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        independent.append(dispersion_of([ProbeRequests(x, rng.random(64) < 0.9) for x in flat]))
+        shifted.append(dispersion_of([ProbeRequests(x, rng.random(64) < rng.uniform(0.7, 1.0)) for x in flat]))
+    # measured over 200 draws: independent requests 0.94 at the median (0.29 to 1.89 in nine draws of ten)
+    assert 0.6 < np.median(independent) < 1.4 and np.median(shifted) > 3
+    # the fit's own levels leave fewer than two degrees of freedom: it cannot tell
+    assert dispersion_of(probes_of([1, 1.4, 1.8, 2.4], 64, seed=1)) is None
+    assert estimate_capacity(probes_of([1, 1.4, 1.8, 2.4], 64, seed=1), target=0.95).dispersion is None
+
+
+def test_the_interval_allows_for_the_spread_between_draws():
+    # draws that move whole probes (logit sd 0.8): measured over 200 draws, the interval held the true capacity in
+    # 87.5 % of them, 75.5 % without the dispersion (blocks within one draw cannot see the spread between draws)
+    true = 2.0 - math.log(19) / 6
+    covered = 0
+    for seed in range(120):
+        estimate = estimate_capacity(drawn_probes([1, 1.2, 1.4, 1.5, 1.6, 1.7, 1.8, 2.4], 64, seed=seed, spread=0.8),
+                                     target=0.95, seed=seed, resamples=400)
+        covered += (estimate.ci_low is None or estimate.ci_low <= true) and \
+            (estimate.ci_high is None or true <= estimate.ci_high)
+    assert covered / 120 >= 0.83

@@ -89,6 +89,8 @@ class CapacityEntry:
     attainment_high: tuple[float, float, float] | None = None
     note: str | None = None  # how the search ended, and why the capacity is ill-conditioned where it is
     curve: tuple[tuple[float, int, float], ...] = ()  # (load, requests, fitted attainment) per load probed
+    dispersion: float | None = None  # the probes' scatter about the fit over independent requests' (the interval
+    # allows for it where above 1); None where too few probes could tell
     usd_per_mtok_at_capacity: float | None = None
     gain_vs_baseline: float | None = None  # capacity / the baseline's - 1, both found
     gain_low: float | None = None  # its interval, from both capacities' intervals

@@ -11,6 +11,15 @@ stopped with a wide bracket is as uncertain as its bracket, however decided its 
 A curve flat near the target gives a wide interval: the estimate is then flagged ill-conditioned, however many
 probes passed or failed.
 
+A probe's requests are not its only noise: each probe is one draw of arrivals, and near capacity one burst decides
+a whole window (on vLLM CPU, one load drew 24 of 24 met, its next draw 28 of 48). Blocks within a probe cannot see
+that spread; the probes' scatter about the fit can. Its dispersion (Pearson's X² of the probes' shares about the
+fitted curve, binomial variances with one success and one failure added, over the probes less the fit's distinct
+levels: the fit's own degrees of freedom) says how many times more the probes scatter than independent requests
+would; where it exceeds 1, each replicate moves each probe's share by a normal draw bringing its spread up to that
+many binomial variances (not beyond what its blocks already gave). A search with fewer than two degrees of freedom
+left cannot tell (`dispersion` None); repeats, pooled, give it probes to tell from.
+
 Two configurations are compared by the ratio of their capacities, with an interval from theirs (log-normal: the
 half-widths of the two log intervals add in quadrature, conservative where the two searches shared their arrival
 draws). `compare` is the one rule for "measurably higher": the whole interval of the gain above zero.
@@ -47,6 +56,7 @@ class CapacityEstimate:
     status: str  # ESTIMATED, BELOW or ABOVE
     curve: tuple[tuple[float, int, float], ...]  # (load, requests, fitted attainment) per load probed
     note: str | None = None  # why it is ill-conditioned: wider than `max_half_width` either side, or open at an end
+    dispersion: float | None = None  # the probes' scatter about the fit over independent requests' (None: too few)
 
     @property
     def ill_conditioned(self) -> bool:
@@ -115,7 +125,9 @@ def estimate_capacity(probes: Sequence[ProbeRequests], *, target: float, confide
     loads, met, sent = pooled(probes)
     fitted = fit_attainment(met, sent)
     capacity, status = crossing(loads, fitted, target, integer=integer)
-    replicates = _bootstrap(probes, loads, sent, target=target, resamples=resamples, seed=seed, integer=integer)
+    spread = dispersion(probes, loads, fitted)
+    replicates = _bootstrap(probes, loads, sent, fitted, target=target, resamples=resamples, seed=seed,
+                            integer=integer, dispersion=spread or 1.0)
     alpha = 1 - confidence
     low = float(np.quantile(replicates, alpha / 2, method="lower"))
     high = float(np.quantile(replicates, 1 - alpha / 2, method="higher"))
@@ -131,7 +143,8 @@ def estimate_capacity(probes: Sequence[ProbeRequests], *, target: float, confide
         ci_low = None if ci_low is None else min(ci_low, below)
         ci_high = None if ci_high is None else max(ci_high, above)
     estimate = CapacityEstimate(capacity, ci_low, ci_high, confidence, status,
-                                tuple((float(x), int(n), float(f)) for x, n, f in zip(loads, sent, fitted)))
+                                tuple((float(x), int(n), float(f)) for x, n, f in zip(loads, sent, fitted)),
+                                dispersion=spread)
     return replace(estimate, note=_conditioning(estimate, target=target, max_half_width=max_half_width,
                                                 integer=integer, sampled=sampled))
 
@@ -143,10 +156,34 @@ def _between(loads: np.ndarray, fitted: np.ndarray, target: float, *, integer: b
     return float(loads[k]), float(max(loads[k + 1] - 1, loads[k]) if integer else loads[k + 1])
 
 
-def _bootstrap(probes: Sequence[ProbeRequests], loads: np.ndarray, sent: np.ndarray, *, target: float,
-               resamples: int, seed: int, integer: bool) -> np.ndarray:
-    """[resamples] capacities, each from every probe's requests resampled in moving blocks of ~√n neighbours; -inf
-    where a replicate misses the target at every load, +inf where it meets it at every load (open ends)."""
+def dispersion(probes: Sequence[ProbeRequests], loads: np.ndarray, fitted: np.ndarray) -> float | None:
+    """Pearson's X² of each probe's share met about the fitted attainment at its load, over the probes less the
+    fit's distinct levels (those strictly between 0 and 1); None with fewer than two degrees of freedom. 1: the probes scatter as independent requests
+    would; 4: four times that variance (draws of arrivals differ more than their requests)."""
+    at = np.searchsorted(loads, [float(p.load) for p in probes])
+    n = np.array([len(p.met) for p in probes], dtype=float)
+    share = np.array([np.count_nonzero(p.met) for p in probes]) / n
+    # a level fitted at 0 or 1 holds probes that all missed or all met: they cannot scatter, nor tell how much
+    inner = (fitted[at] > 0) & (fitted[at] < 1)
+    freedom = int(np.count_nonzero(inner)) - len(np.unique(fitted[at][inner]))
+    if freedom < 2:
+        return None
+    p = fitted[at][inner]
+    return float(((share[inner] - p) ** 2 / (p * (1 - p) / n[inner])).sum() / freedom)
+
+
+def _binomial_variance(p: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The variance of a share of n independent requests met with probability p, one met and one missed added (so
+    a share of 1 or 0 still has some)."""
+    smoothed = (p * n + 1) / (n + 2)
+    return smoothed * (1 - smoothed) / n
+
+
+def _bootstrap(probes: Sequence[ProbeRequests], loads: np.ndarray, sent: np.ndarray, fitted: np.ndarray, *,
+               target: float, resamples: int, seed: int, integer: bool, dispersion: float) -> np.ndarray:
+    """[resamples] capacities, each from every probe's requests resampled in moving blocks of ~√n neighbours (and,
+    where `dispersion` > 1, moved by a normal draw up to that many binomial variances at the fit); -inf where a
+    replicate misses the target at every load, +inf where it meets it at every load (open ends)."""
     rng = np.random.default_rng(seed)
     met = np.zeros((resamples, len(loads)))  # [R, loads]: requests met per replicate, `sent` as pooled
     for probe in probes:
@@ -156,7 +193,12 @@ def _bootstrap(probes: Sequence[ProbeRequests], loads: np.ndarray, sent: np.ndar
         block = max(1, math.isqrt(n))
         starts = rng.integers(0, n - block + 1, size=(resamples, -(-n // block)))  # [R, blocks]
         taken = (starts[:, :, None] + np.arange(block)).reshape(resamples, -1)[:, :n]  # [R, n]
-        met[:, at] += flags[taken].sum(axis=1)
+        counts = flags[taken].sum(axis=1)  # [R]
+        if dispersion > 1:  # the spread between draws the blocks of one draw cannot show
+            wanted = dispersion * float(_binomial_variance(fitted[at], np.float64(n))) * n * n
+            extra = max(0.0, wanted - float(counts.var()))
+            counts = np.clip(counts + math.sqrt(extra) * rng.standard_normal(resamples), 0, n)
+        met[:, at] += counts
     values = np.empty(resamples)
     for r in range(resamples):
         value, status = crossing(loads, fit_attainment(met[r], sent), target, integer=integer)

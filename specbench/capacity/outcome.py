@@ -82,7 +82,7 @@ def capacity_text(outcome: dict[str, Any]) -> str:
 
 def empty_outcome() -> dict[str, Any]:
     return {"capacity": None, "capacity_low": None, "capacity_high": None, "bracket_low": None, "bracket_high": None,
-            "attainment_low": None, "attainment_high": None, "note": None, "curve": []}
+            "attainment_low": None, "attainment_high": None, "note": None, "curve": [], "dispersion": None}
 
 
 def search_outcome(history: list[Probe], settings: SearchSettings, probes: list[dict], axis: str, *,
@@ -123,6 +123,7 @@ def search_outcome(history: list[Probe], settings: SearchSettings, probes: list[
             "attainment_low": attainment(outcome.passing), "attainment_high": attainment(outcome.failing),
             "note": "; ".join(n for n in notes if n) or None,
             "curve": [list(point) for point in estimate.curve] if estimate is not None else [],
+            "dispersion": estimate.dispersion if estimate is not None else None,
             "usd_per_mtok_at_capacity": cost_at_capacity(probes, capacity, axis=axis, usd_per_hour=usd_per_hour)}
 
 
