@@ -117,6 +117,13 @@ def test_the_search_finds_a_knee_for_the_baseline_and_n_gram(run):
             # in a steady state: a lead-in and a tail around the window (either may be empty at a low rate), the
             # window measured from its first arrival at or after the lead-in to the last
             assert row["lead_in_requests"] >= 0 and row["tail_requests"] >= 0 and row["window_s"] > 0
+            # it began with vLLM's prefix cache emptied (its dev-mode endpoint), and the engine's own time series
+            # over it: one entry per /metrics sample, in time order, the queue as vLLM counted it
+            assert row["prefix_cache_reset"] == True  # noqa: E712 - a nullable boolean
+            assert len(row["series_t_ms"]) == row["metrics_samples"] == len(row["series_requests_waiting"])
+            assert list(row["series_t_ms"]) == sorted(row["series_t_ms"])
+            assert max(row["series_requests_running"]) == row["requests_running_peak"]
+            assert row["queue_time_ms_mean"] >= 0
     probes = points[points["request_rate"].notna()]
     assert probes["lead_in_requests"].sum() > 0 and probes["tail_requests"].sum() > 0
     manifest = json.loads((out / "manifest.json").read_text())

@@ -12,6 +12,7 @@ its documentation's example (docs/references/production_metrics.md), trimmed."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
@@ -48,8 +49,11 @@ sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 2826.0
 
 
 def test_what_each_engine_holds_is_read_by_its_own_names_and_none_where_it_has_no_such_figure():
-    assert engine_load(VLLM_BUSY, prefix="vllm:") == EngineLoad(0.02209944751381221, 4.0, 2.0, 0.0, 117.0)
-    assert engine_load(VLLM_IDLE, prefix="vllm:") == EngineLoad(0.0, 0.0, 0.0, 0.0, 0.0)
+    # vLLM's queue-time histogram: its _sum (seconds) and _count (none had left the queue yet when captured)
+    assert engine_load(VLLM_BUSY, prefix="vllm:") == EngineLoad(0.02209944751381221, 4.0, 2.0, 0.0, 117.0,
+                                                                queue_time_s=0.0, queued_requests=0.0)
+    assert engine_load(VLLM_IDLE, prefix="vllm:") == EngineLoad(0.0, 0.0, 0.0, 0.0, 0.0, queue_time_s=0.0,
+                                                                queued_requests=0.0)
     # llama.cpp: slots processing and requests deferred; no KV-cache usage in this build, no preemption counter;
     # its output tokens counted as requests finish
     assert engine_load(LLAMA_BUSY, prefix="llamacpp:") == EngineLoad(None, 2.0, 1.0, None, 0.0)
@@ -84,7 +88,16 @@ def test_a_point_summary_takes_peaks_the_mean_and_the_preemption_counters_rise()
     assert (llama.requests_running_peak, llama.requests_waiting_peak, llama.metrics_samples) == (2, 1, 2)
     nothing = summarize_load([])
     assert (nothing.kv_cache_usage_peak, nothing.requests_running_peak, nothing.preemptions,
-            nothing.metrics_samples) == (None, None, None, 0)
+            nothing.metrics_samples, nothing.queue_time_ms_mean, nothing.series_t_ms) == (None, None, None, 0, None, None)
+
+
+def test_the_mean_queue_time_is_the_histograms_rise_over_the_requests_that_left_the_queue():
+    before = EngineLoad(0.0, 0.0, 0.0, 0.0, queue_time_s=1.5, queued_requests=10.0)
+    after = EngineLoad(0.0, 0.0, 0.0, 0.0, queue_time_s=3.9, queued_requests=22.0)
+    assert summarize_load([], before=before, after=after).queue_time_ms_mean == pytest.approx(200.0)  # 2.4 s / 12
+    assert summarize_load([], before=before, after=before).queue_time_ms_mean is None  # nobody left the queue
+    llama = engine_load(LLAMA_BUSY, prefix="llamacpp:")  # llama-server keeps no such histogram
+    assert summarize_load([], before=llama, after=llama).queue_time_ms_mean is None
 
 
 def test_point_measurements_carry_what_the_engine_held_and_none_without_samples():
@@ -115,7 +128,13 @@ def test_the_sampler_reads_metrics_while_the_point_runs_and_skips_what_does_not_
         server.metrics = VLLM_IDLE  # and finish before the last sample
     summary = sampler.summary()
     assert summary.metrics_samples >= 4  # one per interval while the requests ran
-    assert sampler.before == sampler.after == engine_load(VLLM_IDLE, prefix="vllm:")  # before and after the point
+    untimed = [dataclasses.replace(s, t_ms=None) for s in (sampler.before, sampler.after)]
+    assert untimed == [engine_load(VLLM_IDLE, prefix="vllm:")] * 2  # before and after the point
+    # the point's time series: one entry per sample while the requests ran, ms from the sample before the first
+    assert len(summary.series_t_ms) == summary.metrics_samples and sampler.before.t_ms == 0
+    assert summary.series_t_ms == sorted(summary.series_t_ms) and summary.series_t_ms[0] > 0
+    assert 4.0 in summary.series_requests_running and summary.series_requests_running[0] == 0.0
+    assert set(summary.series_requests_waiting) == {0.0, 2.0} and set(summary.series_preemptions) == {0.0}
     assert (summary.kv_cache_usage_peak, summary.requests_running_peak, summary.requests_waiting_peak,
             summary.preemptions) == (0.02209944751381221, 4, 2, 0)
     assert 0 < summary.kv_cache_usage_mean < summary.kv_cache_usage_peak
@@ -294,8 +313,6 @@ def test_an_attached_server_that_generated_more_than_specbench_asked_carried_oth
 
 
 def test_sglang_acceptance_comes_from_its_accepted_length_gauge_and_says_so():
-    import dataclasses
-
     from specbench.backends.server.measure import point_measurements
     from specbench.core.results import PointSpec
     from specbench.core.summary import engine_acceptance

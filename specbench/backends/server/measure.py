@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import random
 import statistics
 import time
+import urllib.request
 from dataclasses import asdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -108,11 +110,14 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
 
     # what the engine holds (KV cache, queue, preemptions) sampled from its /metrics while the requests run, and on
     # GPUs what its processes hold there, how busy the GPUs are and the energy they use (NVML)
-    steady: dict[str, Any] = {"lead_in_requests": None, "tail_requests": None, "window_s": None}
+    steady: dict[str, Any] = {"lead_in_requests": None, "tail_requests": None, "window_s": None,
+                              "prefix_cache_reset": None}
+    if load.steady:  # a steady point starts with nothing cached from the points before it (its lead-in warms it)
+        steady["prefix_cache_reset"] = reset_prefix_cache(session, url)
     with MetricsSampler(url, prefix=prefix, api_key=session.api_key) as sampler, \
             gpus.watched(session.gpu_uuids(), session.server.engine_pids if session.server else list) as gpu:
         if load.steady:
-            steady = steady_point(session, spec, url=url, call=call, record=record)
+            steady |= steady_point(session, spec, url=url, call=call, record=record)
         elif spec.open_loop:
             arrivals = client.arrival_times(len(requests), request_rate=spec.request_rate,
                                             burstiness=session.profile.load.burstiness,
@@ -136,6 +141,27 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
                                   speculates=spec.method != "baseline", load=sampler.summary(),
                                   attached=session.attached)
     return rows, {**measured, **steady, **gpus.window_columns(gpu)}
+
+
+def reset_prefix_cache(session: "ServerSession", url: str, *, timeout_s: float = 10.0) -> bool | None:
+    """Empty the engine's prefix cache (nothing may be running): True once it says so, False where it refused or
+    failed; None where it was not tried — an attached server (another's cache is not specbench's to empty) or an engine
+    without such an endpoint (llama.cpp)."""
+    path = session.engine.prefix_cache_reset if session.engine is not None else None
+    if session.attached or path is None:
+        return None
+    headers = {"Authorization": f"Bearer {session.api_key}"} if session.api_key else {}
+    request = urllib.request.Request(url + path, data=b"", method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as http:
+            body = http.read().decode("utf-8", errors="replace")
+    except (OSError, ValueError):  # refused, timed out, or an HTTP error (404: vLLM launched without its dev mode)
+        return False
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return True  # SGLang answers 200 with plain text
+    return bool(answer.get("success", True)) if isinstance(answer, dict) else True
 
 
 def steady_point(session: "ServerSession", spec: PointSpec, *, url: str, call: dict[str, Any],

@@ -70,13 +70,15 @@ class LoadNames:
     preemptions: tuple[str, ...]  # a cumulative counter; () where the engine has none
     generated_tokens: tuple[str, ...] = ()  # a cumulative counter of output tokens (what tells other traffic)
     accept_length: tuple[str, ...] = ()  # a gauge of the mean accepted length, where there are no counters (SGLang)
+    queue_time: tuple[str, ...] = ()  # a histogram (its _sum in seconds and _count) of the time requests waited
 
 
 LOAD_NAMES = {
     # vLLM 0.32 (read in its source, v1/metrics/loggers.py, and on a real vLLM CPU /metrics): kv_cache_usage_perc is
     # 0-1 despite its name; gpu_cache_usage_perc is its name before v1
     "vllm:": LoadNames(("kv_cache_usage_perc", "gpu_cache_usage_perc"), ("num_requests_running",),
-                       ("num_requests_waiting",), ("num_preemptions",), ("generation_tokens",)),
+                       ("num_requests_waiting",), ("num_preemptions",), ("generation_tokens",),
+                       queue_time=("request_queue_time_seconds",)),
     # llama.cpp (a real llama-server, build 11434): requests in slots, and requests deferred until a slot frees;
     # kv_cache_usage_ratio only in builds before mid-2025 (none since), and no preemption counter
     "llamacpp:": LoadNames(("kv_cache_usage_ratio",), ("requests_processing",), ("requests_deferred",), (),
@@ -100,6 +102,9 @@ class EngineLoad:
     preemptions: float | None  # cumulative
     generated_tokens: float | None = None  # cumulative
     accept_length: float | None = None  # a gauge (SGLang)
+    queue_time_s: float | None = None  # cumulative: the seconds the requests that left the queue so far waited in it
+    queued_requests: float | None = None  # cumulative: how many left it
+    t_ms: float | None = None  # when it was taken, from the sample before the point's first request (the sampler's)
 
 
 def engine_load(text: str, *, prefix: str) -> EngineLoad | None:
@@ -119,9 +124,12 @@ def engine_load(text: str, *, prefix: str) -> EngineLoad | None:
     kv, running, waiting, preempted = (first(names.kv_cache_usage), first(names.requests_running),
                                        first(names.requests_waiting), first(names.preemptions))
     generated, accept = first(names.generated_tokens), first(names.accept_length)
+    waited = first(tuple(name + "_sum" for name in names.queue_time))
+    left = first(tuple(name + "_count" for name in names.queue_time))
     return EngineLoad(max(kv) if kv else None, sum(running) if running else None, sum(waiting) if waiting else None,
                       sum(preempted) if preempted else None, sum(generated) if generated else None,
-                      sum(accept) / len(accept) if accept else None)
+                      sum(accept) / len(accept) if accept else None, sum(waited) if waited else None,
+                      sum(left) if left else None)
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,16 @@ class LoadSummary:
     # requests waiting, mean over the last quarter of the samples less the mean over the second (the first is the
     # engine filling from idle): above 0 by more than noise, the queue was still growing — no steady state
     requests_waiting_growth: float | None = None
+    # the mean time a request waited in the engine's queue, over the requests that left it during the point (vLLM's
+    # histogram, before to after: the warm-up's and a steady point's lead-in and tail included); None where none left
+    queue_time_ms_mean: float | None = None
+    # the engine's own time series over the point, one entry per sample taken while the requests ran: ms from the
+    # sample taken before the first request, and each figure then (None where the engine has no such figure); preemptions counted from `before`
+    series_t_ms: list[float] | None = None
+    series_requests_running: list[float | None] | None = None
+    series_requests_waiting: list[float | None] | None = None
+    series_kv_cache_usage: list[float | None] | None = None
+    series_preemptions: list[float | None] | None = None
 
 
 def summarize_load(during: list[EngineLoad], *, before: EngineLoad | None = None,
@@ -168,7 +186,31 @@ def summarize_load(during: list[EngineLoad], *, before: EngineLoad | None = None
         engine_generated_tokens=generated,
         engine_accept_length_gauge=sum(accept) / len(accept) if accept else None,
         requests_waiting_growth=waiting_growth(waiting),
+        queue_time_ms_mean=_queue_time_ms(before, after),
+        **_series(during, before=before),
     )
+
+
+def _queue_time_ms(before: EngineLoad | None, after: EngineLoad | None) -> float | None:
+    if before is None or after is None or None in (before.queue_time_s, after.queue_time_s, before.queued_requests,
+                                                   after.queued_requests):
+        return None
+    left = after.queued_requests - before.queued_requests
+    return (after.queue_time_s - before.queue_time_s) / left * 1e3 if left > 0 else None
+
+
+def _series(during: list[EngineLoad], *, before: EngineLoad | None) -> dict[str, list | None]:
+    """The samples as lists, one entry per sample (columns `series_*`); None without a timed sample."""
+    timed = [s for s in during if s.t_ms is not None]
+    if not timed:
+        return {}
+    start = before.preemptions if before is not None and before.preemptions is not None else None
+    return {"series_t_ms": [s.t_ms for s in timed],
+            "series_requests_running": [s.requests_running for s in timed],
+            "series_requests_waiting": [s.requests_waiting for s in timed],
+            "series_kv_cache_usage": [s.kv_cache_usage for s in timed],
+            "series_preemptions": [None if s.preemptions is None or start is None else s.preemptions - start
+                                   for s in timed]}
 
 
 def waiting_growth(waiting: list[float]) -> float | None:

@@ -2,12 +2,15 @@
 a thread, not an asyncio task, because the load generator runs one `asyncio.run` per batch of a point and the
 samples must span them all. A sample when the sampler starts (before the first request) and one when it stops
 (after the last response) bound the point, so the preemption counter's rise covers all of it; the peaks and the
-mean come from the samples between. Only the few figures of each sample are kept (`EngineLoad`); a sample that does
-not answer within `timeout_s` or is not Prometheus text is skipped (and not counted)."""
+mean come from the samples between, and the samples themselves are the point's time series (`series_*` columns,
+ms from the sample before the first request). Only the few figures of each sample are kept (`EngineLoad`); a sample
+that does not answer within `timeout_s` or is not Prometheus text is skipped (and not counted)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 import urllib.request
 
 from specbench.backends.server.metrics import EngineLoad, LoadSummary, engine_load, summarize_load
@@ -27,6 +30,7 @@ class MetricsSampler:
         self.before: EngineLoad | None = None
         self.samples: list[EngineLoad] = []  # taken while the requests ran
         self.after: EngineLoad | None = None
+        self._started: float | None = None  # time.monotonic() of the first sample: the series' zero
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="metrics-sampler", daemon=True)
 
@@ -52,6 +56,13 @@ class MetricsSampler:
                 self.samples.append(load)
 
     def _sample(self) -> EngineLoad | None:
+        taken = time.monotonic()
+        if self._started is None:
+            self._started = taken
+        load = self._read()
+        return dataclasses.replace(load, t_ms=(taken - self._started) * 1e3) if load is not None else None
+
+    def _read(self) -> EngineLoad | None:
         request = urllib.request.Request(self.url, headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as http:
