@@ -236,6 +236,7 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
     assert ("baseline: each probe is a 10 s lead-in at its load (not measured), then at least 16 requests sent over "
             "at least 30 s measured, the load held until they finish: about 41 s at 1 requests/s; at most 12 probes"
             in " ".join(result.output.split()))
+    assert "window is shorter" not in result.output  # 30 s against a 1 s request
 
     engine.points.clear()  # the same search again: every probe is reused from the files, nothing runs
     again = run(monkeypatch, engine)
@@ -587,3 +588,13 @@ def test_a_crossing_the_fit_puts_above_the_load_where_the_queue_grew_comes_down_
     outcome = search_outcome(history, settings, [], "request_rate", estimate=estimate)
     assert outcome["status"] == "found" and (outcome["bracket_low"], outcome["bracket_high"]) == (9.0, 12.7)
     assert (outcome["capacity_low"], outcome["capacity"], outcome["capacity_high"]) == (9.0, 12.7, 12.7)
+
+
+def test_a_window_shorter_than_two_request_lifetimes_is_said_before_the_search(folder, monkeypatch):
+    # the stand-in's request takes 1 s one at a time: a 1.5 s window holds a response to a few arrivals
+    (folder / "standin.toml").write_text(PROFILE.replace("requests = 16", "requests = 16\nwindow_s = 1.5"))
+    result = run(monkeypatch, StandIn({"baseline": 1.3, "ngram": 1.7}, {}))
+    assert result.exit_code == 0, result.output
+    assert ("baseline: the 1.5 s window is shorter than two requests' lifetimes (1.0 s each one at a time): a window "
+            "that short holds the engine's response to a few arrivals rather than a steady state; raise [capacity] "
+            "window_s to several times 1.0 s") in " ".join(result.output.split())

@@ -14,10 +14,11 @@ probes passed or failed.
 A probe's requests are not its only noise: each probe is one draw of arrivals, and near capacity one burst decides
 a whole window (on vLLM CPU, one load drew 24 of 24 met, its next draw 28 of 48). Blocks within a probe cannot see
 that spread; the probes' scatter about the fit can. Its dispersion (Pearson's X² of the probes' shares about the
-fitted curve, binomial variances with one success and one failure added, over the probes less the fit's distinct
-levels: the fit's own degrees of freedom) says how many times more the probes scatter than independent requests
-would; where it exceeds 1, each replicate moves each probe's share by a normal draw bringing its spread up to that
-many binomial variances (not beyond what its blocks already gave). A search with fewer than two degrees of freedom
+fitted curve, binomial variances at the fit, over the probes less the fit's distinct levels — the fit's own degrees
+of freedom — counting only levels strictly between 0 and 1) says how many times more the probes scatter than
+independent requests would; where it exceeds 1, each replicate moves each probe's share by a normal draw bringing
+its spread up to that many binomial variances (one met and one missed request added, so that a probe that met every
+request moves too; not beyond what its blocks already gave). A search with fewer than two degrees of freedom
 left cannot tell (`dispersion` None); repeats, pooled, give it probes to tell from.
 
 Two configurations are compared by the ratio of their capacities, with an interval from theirs (log-normal: the
@@ -158,8 +159,9 @@ def _between(loads: np.ndarray, fitted: np.ndarray, target: float, *, integer: b
 
 def dispersion(probes: Sequence[ProbeRequests], loads: np.ndarray, fitted: np.ndarray) -> float | None:
     """Pearson's X² of each probe's share met about the fitted attainment at its load, over the probes less the
-    fit's distinct levels (those strictly between 0 and 1); None with fewer than two degrees of freedom. 1: the probes scatter as independent requests
-    would; 4: four times that variance (draws of arrivals differ more than their requests)."""
+    fit's distinct levels (those strictly between 0 and 1); None with fewer than two degrees of freedom. 1: the
+    probes scatter as independent requests would; 4: four times that variance (draws of arrivals differ more than
+    their requests)."""
     at = np.searchsorted(loads, [float(p.load) for p in probes])
     n = np.array([len(p.met) for p in probes], dtype=float)
     share = np.array([np.count_nonzero(p.met) for p in probes]) / n

@@ -225,6 +225,12 @@ class CapacitySearch:
             f"{settings.requests} requests sent over at least {spec.window_s:g} s measured, the load held until they "
             f"finish" + (f": about {seconds:.0f} s at {settings.start:.3g} requests/s" if seconds else "")
             + f"; at most {settings.max_probes} probes")
+        if self._request_s and spec.window_s < 2 * self._request_s:  # known once the serial point ran
+            self.observer.message(
+                f"{name}: the {spec.window_s:g} s window is shorter than two requests' lifetimes "
+                f"({self._request_s:.1f} s each one at a time): a window that short holds the engine's response to a "
+                f"few arrivals rather than a steady state; raise [capacity] window_s to several times "
+                f"{self._request_s:.1f} s")
 
     def _name(self, spec: PointSpec) -> str:
         """The configuration in the terminal's decision lines (with its temperature where the run has several)."""

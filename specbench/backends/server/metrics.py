@@ -152,7 +152,8 @@ class LoadSummary:
     # histogram, before to after: the warm-up's and a steady point's lead-in and tail included); None where none left
     queue_time_ms_mean: float | None = None
     # the engine's own time series over the point, one entry per sample taken while the requests ran: ms from the
-    # sample taken before the first request, and each figure then (None where the engine has no such figure); preemptions counted from `before`
+    # sample taken before the first request, and each figure then (None where the engine has no such figure);
+    # preemptions counted from `before`
     series_t_ms: list[float] | None = None
     series_requests_running: list[float | None] | None = None
     series_requests_waiting: list[float | None] | None = None
