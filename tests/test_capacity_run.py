@@ -263,12 +263,17 @@ def test_a_straddling_bracket_end_is_sent_again_with_twice_the_requests(folder, 
         (1.19, 16, "undecided (leans pass)"), (1.3, 16, "undecided: add requests"),
         (1.3, 32, "undecided: add requests"), (1.3, 64, "pass")]
     assert engine.sent[:8] == [4, 16, 16, 16, 16, 16, 32, 64]  # the serial point (every prompt once), then the probes
+    # each draw of 1.3 is a point of its own, with its own prompts and arrivals
     points = pd.read_parquet(folder / "out" / "points.parquet").set_index("point_id")
-    assert points.loc["baseline-t0-p1-r1.3", "n_requests"] == 64  # the larger sample replaced the smaller
-    entry = document["configurations"][0]  # the fit: 1.0 at 1.3 (all 64 of the larger sample), 0.0 at 1.41
+    drawn = ["baseline-t0-p1-r1.3", "baseline-t0-p1-r1.3-d2", "baseline-t0-p1-r1.3-d3"]
+    assert [p["point_id"] for p in probes[4:]] == drawn
+    assert points.loc[drawn, "n_requests"].tolist() == [16, 32, 64]
+    assert points.loc[drawn, "capacity_draw"].tolist() == [0, 1, 2]
+    assert points.loc[drawn, "request_rate"].tolist() == [1.3] * 3
+    entry = document["configurations"][0]  # the fit: 1.0 at 1.3 (every draw's 112 requests), 0.0 at 1.41
     assert (entry["capacity"], entry["bracket_high"], entry["note"]) == (pytest.approx(1.3 * (1.41 / 1.3) ** 0.1), 1.41,
                                                                          None)
-    assert entry["curve"][2] == [1.3, 64, 1.0]  # the load's requests are those of its last probe (the files' point)
+    assert entry["curve"][2] == [1.3, 16 + 32 + 64, 1.0]
     assert entry["attainment_low"][:2] == [1.0, pytest.approx(64 / (64 + 1.959964**2))]
 
 
@@ -517,6 +522,14 @@ def test_each_repeat_draws_its_own_prompts_and_arrivals_the_same_for_every_confi
     assert ngram.in_repeat(2).in_repeat(0) == ngram and ngram.in_repeat(1).at_load(request_rate=2.0).point_id == \
         "ngram-g3-t0-p1-rep2-r2"
     assert "capacity_repeat" not in ngram.identity() and ngram.in_repeat(1).identity()["capacity_repeat"] == 1
+    # a load drawn again within a repeat: its own seed (even with as many requests), id and baseline
+    again = ngram.in_repeat(1).in_draw(1)
+    assert again.point_id == "ngram-g3-t0-p1-rep2-r1.5-d2" and again.in_draw(0) == ngram.in_repeat(1)
+    assert again.baseline_id == baseline.in_repeat(1).in_draw(1).point_id == "baseline-t0-p1-rep2-r1.5-d2"
+    assert draw_seed(0, again, 40) not in seeds + [draw_seed(0, ngram.in_repeat(1), 40)]
+    assert draw_seed(0, again, 40) == draw_seed(0, baseline.in_repeat(1).in_draw(1), 40)
+    assert "capacity_draw" not in ngram.identity() and again.identity()["capacity_draw"] == 1
+    assert PointSpec.from_row({**again.__dict__}) == again
 
 
 def test_a_load_where_the_engines_queue_still_grew_fails_whatever_its_window_met(folder, monkeypatch):

@@ -60,11 +60,15 @@ class PointSpec:
     # which repeat of a capacity search ([capacity] repeats) sent the point: 0 for the first and every sweep point;
     # a later repeat's probes are points of their own (`-rep<k+1>` in the id), with their own draws
     capacity_repeat: int = 0
+    # which draw of a capacity probe's load within its search: 0 for the first and every sweep point; a load probed
+    # again with more requests (to decide it) is a point of its own (`-d<k+1>` in the id), a new draw of prompts
+    # and arrivals, so that the fit keeps every draw's requests
+    capacity_draw: int = 0
 
     @property
     def baseline_id(self) -> str:
         return baseline_point_id(self.temperature, self.top_p, concurrency=self.concurrency,
-                                 request_rate=self.request_rate, repeat=self.capacity_repeat)
+                                 request_rate=self.request_rate, repeat=self.capacity_repeat, draw=self.capacity_draw)
 
     @property
     def open_loop(self) -> bool:
@@ -90,6 +94,7 @@ class PointSpec:
         if values["request_rate"] is None:
             values["concurrency"] = values["concurrency"] or 1
         values["capacity_repeat"] = int(values["capacity_repeat"] or 0)
+        values["capacity_draw"] = int(values["capacity_draw"] or 0)
         return cls(**values)
 
     def at_load(self, *, concurrency: int | None = None, request_rate: float | None = None) -> "PointSpec":
@@ -106,6 +111,11 @@ class PointSpec:
         stem = self.point_id.removesuffix(load).removesuffix(_repeat_suffix(self.capacity_repeat))
         return replace(self, point_id=stem + _repeat_suffix(repeat) + load, capacity_repeat=repeat)
 
+    def in_draw(self, draw: int) -> "PointSpec":
+        """The same point's load drawn again (`draw` 0: the point itself), its id's draw suffix replaced."""
+        stem = self.point_id.removesuffix(_draw_suffix(self.capacity_draw))
+        return replace(self, point_id=stem + _draw_suffix(draw), capacity_draw=draw)
+
     def identity(self) -> dict[str, Any]:
         """The point as hashed into its point key (concurrency 1 and no request rate left out: keys from before
         those axes hold)."""
@@ -118,6 +128,8 @@ class PointSpec:
             del data["gamma_schedule"]
         if not data["capacity_repeat"]:
             del data["capacity_repeat"]
+        if not data["capacity_draw"]:
+            del data["capacity_draw"]
         return data
 
 
@@ -131,9 +143,14 @@ def _repeat_suffix(repeat: int) -> str:
     return f"-rep{repeat + 1}" if repeat else ""
 
 
+def _draw_suffix(draw: int) -> str:
+    return f"-d{draw + 1}" if draw else ""
+
+
 def baseline_point_id(temperature: float, top_p: float, *, concurrency: int | None = 1,
-                      request_rate: float | None = None, repeat: int = 0) -> str:
-    return f"baseline-t{temperature:g}-p{top_p:g}{_repeat_suffix(repeat)}{_load_suffix(concurrency, request_rate)}"
+                      request_rate: float | None = None, repeat: int = 0, draw: int = 0) -> str:
+    return (f"baseline-t{temperature:g}-p{top_p:g}{_repeat_suffix(repeat)}{_load_suffix(concurrency, request_rate)}"
+            f"{_draw_suffix(draw)}")
 
 
 def point_id(draft: str, gamma: int, temperature: float, top_p: float, *, ngram_max: int | None = None,
@@ -280,8 +297,9 @@ _POINT_COLUMNS = [
     # per sample)
     "queue_time_ms_mean", "series_t_ms", "series_requests_running", "series_requests_waiting", "series_kv_cache_usage",
     "series_preemptions",
-    # whether a steady point began with the engine's prefix cache emptied (None: not tried — attached, or no endpoint)
-    "prefix_cache_reset",
+    # whether a steady point began with the engine's prefix cache emptied (None: not tried — attached, or no endpoint);
+    # which draw of its load a capacity probe is (0: the first; a load probed again to decide it draws anew)
+    "prefix_cache_reset", "capacity_draw",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -303,6 +321,7 @@ _POINT_DTYPES = {
     "other_traffic_tokens": "float64", "engine_accept_length_gauge": "float64", "lead_in_requests": "Int64",
     "tail_requests": "Int64", "capacity_repeat": "Int64", "requests_waiting_growth": "float64",
     "queue_time_ms_mean": "float64", "prefix_cache_reset": "boolean",
+    "capacity_draw": "Int64",
     **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }

@@ -115,10 +115,13 @@ class CapacitySearch:
                 + (f"{fewest}" if fewest else "more than 100000") + "): each probe is confirmed only with more "
                 f"requests, up to {settings.max_requests} (raise [capacity] requests to spend fewer probes)")
         history: list[Probe] = []
-        requests: dict[str, ProbeRequests] = {}  # per point: the requests the files hold (a load sent again replaces)
+        requests: dict[str, ProbeRequests] = {}  # per point: the requests the files hold (every draw of a load)
         while not isinstance(step := next_probe(history, settings), Done):
+            # a load probed again (to decide it, with more requests) is a new draw and a point of its own: the fit
+            # keeps the requests of every draw
+            draw = sum(probe.load == step.load for probe in history)
             spec = (serial.at_load(request_rate=step.load) if axis == "request_rate" else
-                    serial.at_load(concurrency=int(step.load))).in_repeat(repeat)
+                    serial.at_load(concurrency=int(step.load))).in_repeat(repeat).in_draw(draw)
             # one request at a time has no queue to fill or drain: the concurrency-1 probe is the serial point, as
             # the sweep and the rate search's start send it (one key for one point)
             rows, duration_s, reused, error = self._measure(spec, step.n_requests, open_loop=axis == "request_rate",

@@ -55,10 +55,11 @@ def draw_seed(seed: int, spec: PointSpec, count: int) -> int:
     level, the number of requests and the capacity search's repeat. Every configuration at one level gets the same
     draws (common random numbers: the difference between two configurations is not the draw's); each level its own,
     a level sent again with more requests (a capacity probe confirmed) a new draw rather than the first one's
-    prefix, and each repeat of a capacity search ([capacity] repeats) its own."""
+    prefix, and each repeat of a capacity search ([capacity] repeats) and each draw of a load within it its own."""
     level = f"{float(spec.request_rate)!r}" if spec.open_loop else f"c{spec.concurrency or 1}"
     repeat = f"|rep{spec.capacity_repeat}" if spec.capacity_repeat else ""  # a repeated search draws afresh
-    key = f"{seed}|{level}|{count}{repeat}".encode()
+    draw = f"|draw{spec.capacity_draw}" if spec.capacity_draw else ""  # and a load probed again within it
+    key = f"{seed}|{level}|{count}{repeat}{draw}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
 
 
