@@ -228,3 +228,18 @@ def test_a_run_at_one_level_without_an_slo_renders_exactly_as_before_the_load_co
     assert report_cli(without).stdout.replace(str(without), "A") == report_cli(empty).stdout.replace(str(empty), "A")
     text = render(build_report([empty]), Format.md)
     assert "Goodput" not in text and "Latency p99" not in text and "beats the baseline" not in text
+
+
+def test_the_reports_baseline_of_a_point_is_the_one_its_spec_names_on_both_axes_every_repeat_and_draw():
+    from specbench.core.results import PointSpec
+
+    ngram = PointSpec("ngram-g3-t0-p1", "ngram", "ngram", 3, 0.0, 1.0)
+    specs = [ngram, ngram.at_load(concurrency=4).in_draw(1), ngram.at_load(request_rate=1.5).in_repeat(1).in_draw(2),
+             ngram.at_load(concurrency=2).in_repeat(2)]
+    frame = pd.DataFrame([{"temperature": s.temperature, "top_p": s.top_p, "concurrency": s.concurrency,
+                           "request_rate": s.request_rate, "capacity_repeat": s.capacity_repeat,
+                           "capacity_draw": s.capacity_draw} for s in specs])
+    assert tables.baseline_ids(frame) == [s.baseline_id for s in specs] == [
+        "baseline-t0-p1", "baseline-t0-p1-c4-d2", "baseline-t0-p1-rep2-r1.5-d3", "baseline-t0-p1-rep3-c2"]
+    old = frame.drop(columns=["capacity_repeat", "capacity_draw"]).iloc[:1]  # files from before either column
+    assert tables.baseline_ids(old) == ["baseline-t0-p1"]

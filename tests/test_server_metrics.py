@@ -329,3 +329,50 @@ def test_sglang_acceptance_comes_from_its_accepted_length_gauge_and_says_so():
     spec = PointSpec(point_id="eagle3-g3-t0-p1", method="eagle3", draft="eagle3", gamma=3, temperature=0.0, top_p=1.0)
     assert engine_acceptance(measured, spec, decode_tokens=49) == {"mean_accepted_length": 3.0,
                                                                   "acceptance_rate": pytest.approx(2 / 3)}
+
+
+def test_the_prefix_cache_reset_says_whether_the_engine_emptied_it_and_is_not_tried_where_it_cannot_be():
+    import http.server
+    import threading
+    import types
+
+    from specbench.backends.server.measure import reset_prefix_cache
+    from specbench.engines import ENGINES
+
+    answers = {"/reset_prefix_cache": (200, b'{"success": true}'), "/flush_cache": (200, b"Cache flushed.")}
+    posted = []
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            posted.append((self.path, self.headers.get("Authorization")))
+            status, body = answers.get(self.path, (404, b"Not Found"))
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def session(engine: str, *, attached=False, api_key=None):
+        return types.SimpleNamespace(engine=ENGINES[engine], attached=attached, api_key=api_key)
+
+    try:
+        assert reset_prefix_cache(session("vllm", api_key="k"), url) is True
+        assert posted == [("/reset_prefix_cache", "Bearer k")]
+        answers["/reset_prefix_cache"] = (200, b'{"success": false}')  # vLLM while requests hold blocks
+        assert reset_prefix_cache(session("vllm"), url) is False
+        del answers["/reset_prefix_cache"]  # vLLM launched without its dev mode: 404
+        assert reset_prefix_cache(session("vllm"), url) is False
+        assert reset_prefix_cache(session("sglang"), url) is True  # SGLang answers in plain text
+        posted.clear()
+        assert reset_prefix_cache(session("vllm", attached=True), url) is None  # another's cache: not tried
+        assert reset_prefix_cache(session("llama.cpp"), url) is None  # no endpoint for the whole cache
+        assert posted == []
+        assert reset_prefix_cache(session("vllm"), f"http://127.0.0.1:{free_port()}", timeout_s=1) is False
+    finally:
+        server.shutdown()
+    assert ENGINES["vllm"].launch_env == {"VLLM_SERVER_DEV_MODE": "1"}  # the endpoint is served only in dev mode

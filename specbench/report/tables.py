@@ -223,11 +223,9 @@ def baseline_ids(points: pd.DataFrame) -> list[str]:
     def column(name: str) -> list:
         return list(points[name]) if name in points else [None] * len(points)
 
-    return [results.baseline_point_id(t, p, concurrency=None if _missing(c) else int(c),
+    return [results.baseline_point_id(t, p, concurrency=None if not _missing(r) else 1 if _missing(c) else int(c),
                                       request_rate=None if _missing(r) else float(r),
                                       repeat=0 if _missing(k) else int(k), draw=0 if _missing(d) else int(d))
-            if not _missing(r) else results.baseline_point_id(t, p, concurrency=1 if _missing(c) else int(c),
-                                                              repeat=0 if _missing(k) else int(k))
             for t, p, c, r, k, d in zip(points["temperature"], points["top_p"], column("concurrency"),
                                         column("request_rate"), column("capacity_repeat"), column("capacity_draw"))]
 
