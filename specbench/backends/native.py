@@ -113,7 +113,8 @@ class NativeSession(InProcessSession):
             target.warm_up(range(1, (spec.gamma or 1) + 2))  # a gamma beyond the profile's compiles here, untimed
         return lambda ids, seed, max_new_tokens: generate(
             target, proposer, ids, gamma=spec.gamma or 1, seed=seed, temperature=spec.temperature,
-            top_p=spec.top_p, max_new_tokens=max_new_tokens, eos_token_ids=m.eos_token_ids)
+            top_p=spec.top_p, max_new_tokens=max_new_tokens, eos_token_ids=m.eos_token_ids,
+            imposed_acceptance=spec.imposed_rates)
 
     def proposer(self, spec: PointSpec) -> Proposer:
         m = self.models

@@ -29,12 +29,16 @@ def report(
         "--filter", help="KEY=VALUE, repeatable (method=draft, temperature=0, draft=ngram): one key repeated "
                          "matches any of its values; different keys must all match.")] = None,
     top: Annotated[Optional[int], typer.Option(help="Show the first N points per temperature.")] = None,
+    acceptance_from: Annotated[Optional[Path], typer.Option(
+        "--acceptance-from", help="A result folder where the drafts' per-position acceptance was measured (another "
+                                  "backend, machine or workload; same target): predict their speedup on the "
+                                  "surface that PATH measured with imposed acceptance.")] = None,
 ) -> None:
     """Tables and plots from result folders; exactly two folders are also compared point by point."""
     if out is not None and fmt == Format.terminal:
         fail("--out needs --format md, html, csv or json")
     try:
-        built = build_report(paths, filters=filters or [], sort=sort, top=top)
+        built = build_report(paths, filters=filters or [], sort=sort, top=top, acceptance_from=acceptance_from)
     except ReportError as error:
         fail(str(error))
     notes = console(stderr=True)

@@ -140,7 +140,7 @@ def from_largest_gamma(specs: Sequence[PointSpec], requests: Mapping[str, pd.Dat
     largest-gamma point itself is included (its prediction restates its own measurement)."""
     largest: dict[tuple, PointSpec] = {}
     for spec in specs:
-        if spec.gamma is None or spec.gamma_schedule is not None or spec.point_id not in requests:
+        if spec.gamma is None or spec.gamma_schedule is not None or spec.synthetic or spec.point_id not in requests:
             continue
         key = family(spec)
         if key not in largest or spec.gamma > largest[key].gamma:
@@ -148,7 +148,8 @@ def from_largest_gamma(specs: Sequence[PointSpec], requests: Mapping[str, pd.Dat
     calibrations: dict[tuple, Calibration | None] = {}
     predicted: dict[str, float] = {}
     for spec in specs:
-        top = largest.get(family(spec)) if spec.gamma is not None and spec.gamma_schedule is None else None
+        top = largest.get(family(spec)) if spec.gamma is not None and spec.gamma_schedule is None \
+            and not spec.synthetic else None
         if top is None or spec.gamma > top.gamma or top.baseline_id not in requests:
             continue
         key = family(spec)

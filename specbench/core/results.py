@@ -64,6 +64,21 @@ class PointSpec:
     # again with more requests (to decide it) is a point of its own (`-d<k+1>` in the id), a new draw of prompts
     # and arrivals, so that the fit keeps every draw's requests
     capacity_draw: int = 0
+    # an acceptance what-if ([[drafts]] acceptance): the per-position unconditional acceptance rates imposed instead of
+    # verifying ("0.8,0.6,0.4", one per position up to gamma); the point's acceptance is not its draft's, its output
+    # not the target's
+    imposed_acceptance: str | None = None
+
+    @property
+    def imposed_rates(self) -> tuple[float, ...] | None:
+        """The imposed per-position acceptance as numbers (None: the draft's own, verified)."""
+        if self.imposed_acceptance is None:
+            return None
+        return tuple(float(r) for r in self.imposed_acceptance.split(","))
+
+    @property
+    def synthetic(self) -> bool:
+        return self.imposed_acceptance is not None
 
     @property
     def baseline_id(self) -> str:
@@ -130,6 +145,8 @@ class PointSpec:
             del data["capacity_repeat"]
         if not data["capacity_draw"]:
             del data["capacity_draw"]
+        if data["imposed_acceptance"] is None:
+            del data["imposed_acceptance"]
         return data
 
 
@@ -154,13 +171,15 @@ def baseline_point_id(temperature: float, top_p: float, *, concurrency: int | No
 
 
 def point_id(draft: str, gamma: int, temperature: float, top_p: float, *, ngram_max: int | None = None,
-             concurrency: int | None = 1, request_rate: float | None = None, scheduled: bool = False) -> str:
-    """`<draft>[-n<ngram_max>]-g<gamma>-t<T>-p<top_p>[-c<concurrency> | -r<request rate>]`; the n-gram length
-    only where it is tuned, the concurrency only where it is not 1; a draft with a gamma per batch size has
-    `-sched` for its gamma."""
+             concurrency: int | None = 1, request_rate: float | None = None, scheduled: bool = False,
+             synthetic: int | None = None) -> str:
+    """`<draft>[-n<ngram_max>]-g<gamma>[-syn<k>]-t<T>-p<top_p>[-c<concurrency> | -r<request rate>]`; the n-gram
+    length only where it is tuned, the concurrency only where it is not 1; a draft with a gamma per batch size has
+    `-sched` for its gamma; the k-th imposed acceptance of an acceptance what-if `-syn<k>` (from 1)."""
     ngram = f"-n{ngram_max}" if ngram_max is not None else ""
     length = "-sched" if scheduled else f"-g{gamma}"
-    return f"{draft}{ngram}{length}-t{temperature:g}-p{top_p:g}{_load_suffix(concurrency, request_rate)}"
+    imposed = f"-syn{synthetic}" if synthetic is not None else ""
+    return f"{draft}{ngram}{length}{imposed}-t{temperature:g}-p{top_p:g}{_load_suffix(concurrency, request_rate)}"
 
 
 def load_labels(points: pd.DataFrame) -> pd.DataFrame:
@@ -300,6 +319,10 @@ _POINT_COLUMNS = [
     # whether a steady point began with the engine's prefix cache emptied (None: not tried — attached, or no endpoint);
     # which draw of its load a capacity probe is (0: the first; a load probed again to decide it draws anew)
     "prefix_cache_reset", "capacity_draw",
+    # added with acceptance what-ifs: the per-position acceptance imposed instead of verifying ("0.8,0.6,0.4"; its
+    # points say acceptance_source = "synthetic"), and the mean drafted tokens per target step (what a prediction
+    # from acceptance needs beside it: an n-gram lookup proposes fewer than gamma where nothing matches)
+    "imposed_acceptance", "drafted_per_step",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -321,7 +344,7 @@ _POINT_DTYPES = {
     "other_traffic_tokens": "float64", "engine_accept_length_gauge": "float64", "lead_in_requests": "Int64",
     "tail_requests": "Int64", "capacity_repeat": "Int64", "requests_waiting_growth": "float64",
     "queue_time_ms_mean": "float64", "prefix_cache_reset": "boolean",
-    "capacity_draw": "Int64",
+    "capacity_draw": "Int64", "imposed_acceptance": "string", "drafted_per_step": "float64",
     **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }

@@ -118,8 +118,24 @@ def _metrics(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec
     metrics.update(engine_acceptance(row, spec, decode_tokens=int((point["output_tokens"] - 1).clip(lower=0).sum())))
     if spec.method == "baseline" and metrics["mean_accepted_length"] is None:
         metrics["mean_accepted_length"] = 1.0  # one token per target forward pass, by definition
+    metrics["drafted_per_step"] = _drafted_per_step(point, row, metrics, drafted=drafted, steps=steps)
     metrics.update(_against_baseline(point, baseline, spec))
+    if spec.synthetic:  # imposed, not its draft's: said wherever the point appears, and its outputs never compared
+        metrics.update(acceptance_source="synthetic", outputs_match_baseline=None, outputs_match_fraction=None,
+                       first_divergence=None, divergence_top2_gap=None)
     return metrics
+
+
+def _drafted_per_step(point: pd.DataFrame, row: dict[str, Any], metrics: dict[str, Any], *, drafted, steps) -> float | None:
+    """Mean tokens drafted per target pass (fewer than gamma where an n-gram lookup found no match): the steps' own
+    counts in-process; on an engine its drafted tokens over its passes (decode tokens / mean accepted length)."""
+    if drafted is not None and steps:
+        return float(drafted / steps)
+    draft_tokens, length = _cell(row.get("engine_draft_tokens")), metrics.get("mean_accepted_length")
+    decode_tokens = float((point["output_tokens"] - 1).clip(lower=0).sum())
+    if draft_tokens is None or not length or not decode_tokens:
+        return None
+    return float(draft_tokens / (decode_tokens / length))
 
 
 def _measured(point: pd.DataFrame) -> pd.DataFrame:
@@ -210,6 +226,8 @@ def engine_acceptance(row: dict[str, Any], spec: PointSpec, *, decode_tokens: in
     counts only the passes that had a draft: n-gram lookup drafts nothing where it finds no match, and that figure
     read 1.90 where the passes were 1.45 tokens each (the embedded model, n-gram gamma 3)."""
     source = row.get("acceptance_source")
+    if source == "synthetic" and _cell(row.get("engine_draft_tokens")) is None:  # imposed in-process: its own steps
+        return {}
     if source is None or spec.method == "baseline":
         return {}
     if source == "gauge":  # SGLang: its accepted-length gauge (a recent running mean, bonus token included)

@@ -10,7 +10,7 @@ import torch
 from specbench.decoding.devices import Clock, PeakMemory
 from specbench.decoding import kv
 from specbench.decoding.proposers import BaselineProposer, Proposer
-from specbench.decoding.sampling import Sampler, top2_gap, verify_greedy, verify_sampling
+from specbench.decoding.sampling import Sampler, conditional_rates, top2_gap, verify_greedy, verify_imposed, verify_sampling
 from specbench.core.trace import StepRecord, Trace
 
 
@@ -34,12 +34,19 @@ def generate(
     seed: int = 0,
     eos_token_ids: Collection[int] = (),
     on_step: Callable[[StepState], None] | None = None,
+    imposed_acceptance: tuple[float, ...] | None = None,
 ) -> Trace:
     """Generate up to max_new_tokens after prompt_ids; the output is distributed exactly as the target's
     (token-for-token identical to autoregressive decoding at temperature 0). A plain module decodes on a
-    DynamicCache; a `static.StaticModel` on its static cache with compiled steps."""
+    DynamicCache; a `static.StaticModel` on its static cache with compiled steps. With `imposed_acceptance`
+    (per-position unconditional rates, one per position up to gamma) a step keeps its drafted tokens per those
+    rates instead of verifying them (an acceptance what-if: the passes are real and timed, the output is not the
+    target's)."""
     if gamma < 1 or max_new_tokens < 1 or not prompt_ids:
         raise ValueError("need gamma >= 1, max_new_tokens >= 1 and a non-empty prompt")
+    if imposed_acceptance is not None and len(imposed_acceptance) < gamma:
+        raise ValueError(f"imposed acceptance gives {len(imposed_acceptance)} positions, gamma {gamma} needs {gamma}")
+    conditional = conditional_rates(tuple(imposed_acceptance)) if imposed_acceptance is not None else None
     target = kv.as_cached(target)
     device = next(target.model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -72,7 +79,10 @@ def generate(
             step_input = torch.cat([torch.tensor([sequence[-1]], device=device), drafted]).view(1, -1)
             logits = target.forward(step_input)  # [k+1, V]
             _check_logits(logits, f"step {len(steps) + 1}")
-            if sampler.greedy:
+            if conditional is not None:
+                accepted, token = verify_imposed(logits if sampler.greedy else sampler.probs(logits), drafted,
+                                                 conditional, greedy=sampler.greedy, generator=generator)
+            elif sampler.greedy:
                 accepted, token = verify_greedy(logits, drafted)
             else:
                 draft_probs = proposal.probs if proposal is not None else None

@@ -104,3 +104,25 @@ def verify_sampling(
     # A rejection implies p(d) < q(d), so the residual has mass; guard against float round-off only.
     residual = residual / total if total > 0 else p
     return n, int(sample(residual, generator=generator))
+
+
+def conditional_rates(unconditional: tuple[float, ...]) -> tuple[float, ...]:
+    """Per-position unconditional acceptance (P(positions 0..i all accepted), non-increasing) as the chance of
+    accepting position i once 0..i-1 were: r_i / r_{i-1} (0 after a position that is never reached)."""
+    return tuple(r / q if q > 0 else 0.0 for r, q in zip(unconditional, (1.0, *unconditional[:-1])))
+
+
+def verify_imposed(target_probs_or_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                   conditional: tuple[float, ...], *, greedy: bool,
+                   generator: torch.Generator | None = None) -> tuple[int, int]:
+    """An acceptance what-if, not verification: drafted token i is kept with probability `conditional[i]` once the
+    ones before it were, whatever the target says (vLLM's synthetic rejection sampler does the same), so a step
+    accepts per imposed rates while its passes cost what they cost. The next token is the target's own choice after
+    the kept ones (its argmax, or a draw from its distribution). Not lossless: the output is not the target's."""
+    k = draft_tokens.shape[0]
+    u = torch.rand(k, generator=generator, device=draft_tokens.device).tolist() if k else []
+    n = 0
+    while n < k and u[n] < conditional[n]:
+        n += 1
+    row = target_probs_or_logits[n]
+    return n, int(row.argmax() if greedy else sample(row, generator=generator))

@@ -30,6 +30,9 @@ class Speculation:
     ngram_min: int | None = None
     ngram_max: int | None = None
     gamma_schedule: Schedule | None = None  # a gamma per batch size; `gamma` is then its largest
+    # an acceptance what-if: per-position unconditional rates the engine imposes instead of verifying (one per position
+    # up to gamma); only engines with `imposes_acceptance` run it
+    imposed_acceptance: tuple[float, ...] | None = None
 
     @property
     def speculates(self) -> bool:

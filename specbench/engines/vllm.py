@@ -25,6 +25,9 @@ class Vllm:
     # which its own benchmark sweep launches with for the same reset (vllm/benchmarks/sweep/server.py)
     prefix_cache_reset = "/reset_prefix_cache"
     launch_env = {"VLLM_SERVER_DEV_MODE": "1"}
+    # its synthetic rejection sampler (0.32 and later): the draft runs, its tokens are kept per imposed per-position
+    # unconditional rates (speculative_config rejection_sample_method = "synthetic", synthetic_acceptance_rates)
+    imposes_acceptance = True
 
     def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:
         """The OpenAI server module, run by `binary` (a Python with vLLM installed; default: this one). The
@@ -48,6 +51,12 @@ class Vllm:
             config["model"] = speculation.draft_model
         if speculation.gamma_schedule is not None:
             config["num_speculative_tokens_per_batch_size"] = [list(r) for r in speculation.gamma_schedule]
+        if speculation.imposed_acceptance is not None:
+            if len(speculation.imposed_acceptance) != gamma:
+                raise EngineError(f"vLLM imposes one acceptance rate per position: {gamma} for gamma {gamma} (got "
+                                  f"{list(speculation.imposed_acceptance)})")
+            config.update(rejection_sample_method="synthetic",
+                          synthetic_acceptance_rates=list(speculation.imposed_acceptance))
         return {k: v for k, v in config.items() if v is not None}
 
     gpu_flags = ("--tensor-parallel-size", "-tp")
@@ -64,6 +73,9 @@ class Vllm:
         config = self.speculative_config(speculation)
         if config is None:
             return []
+        if speculation.imposed_acceptance is not None and version is not None and not at_least(version, (0, 32)):
+            raise EngineError(f"vLLM {version} has no synthetic rejection sampler for an imposed acceptance (0.32 "
+                              "and later have): upgrade vLLM, or remove the draft's acceptance")
         per_request = ["--per-request-spec-decode-metrics", "detailed"] if at_least(version, (0, 32)) else []
         return ["--speculative-config", json.dumps(config, separators=(",", ":")), *per_request]
 

@@ -3,12 +3,13 @@ EAGLE-3 or Medusa head, ...), with its own gammas or a gamma per batch size wher
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import re
 
 from pydantic import StrictInt, StrictStr, field_validator, model_validator
 
+from specbench.core.imposed import check_entries
 from specbench.engines.base import EngineError, check_schedule
 from specbench.profile.fields import Axis, FolderName, PositiveInt, Quantize, Table
 from specbench.profile.references import ModelReference, is_trained_head
@@ -35,6 +36,20 @@ class DraftSpec(Table):
     # a deployment already running this draft (with server.url, the baseline's): measured as it is, nothing launched;
     # method, model and gamma then say what it runs, for the tables
     url: StrictStr | None = None
+    # an acceptance what-if: instead of this draft's own acceptance, each entry imposed in turn (a point per entry) —
+    # a list of per-position unconditional rates (one per position up to the largest gamma), or a mean accepted
+    # length; the draft still runs and costs what it costs, its tokens are kept per the imposed rates, not verified
+    # (specbench.core.imposed). Points say acceptance_source = "synthetic" and are not lossless. The entry "measured"
+    # runs the draft's own point too (verified, as without `acceptance`): predicted and measured side by side.
+    acceptance: Annotated[tuple[Any, ...], converted(check_entries)] | None = None
+
+    @field_validator("acceptance", mode="before")
+    @classmethod
+    def _acceptance_list(cls, value):
+        if value is not None and not isinstance(value, (list, tuple)):
+            raise rule(f"must be a list: per-position rates ([[0.8, 0.6, 0.4]]) or mean accepted lengths ([1.5, 2.5]) "
+                       f"(got {show(value)})")
+        return value
 
     @field_validator("url")
     @classmethod

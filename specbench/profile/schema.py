@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, PrivateAttr, StrictStr, ValidationError, field_validator, model_validator
 
+from specbench.core import imposed
 from specbench.engines import ENGINES
 from specbench.engines.base import SERVER_ONLY_METHODS, EngineError, Speculation
 from specbench.core.loadmix import levels_of, parse_load_mix
@@ -130,6 +131,31 @@ class Profile(Table):
                 except EngineError as error:
                     raise rule(str(error), at=("drafts", index, "gamma") if draft.gamma else ("sweep", "gamma")) \
                         from None
+
+    @model_validator(mode="after")
+    def _imposed_acceptance_runs(self) -> "Profile":
+        """An acceptance what-if needs a backend that imposes it (native; vLLM's synthetic sampler), one gamma per
+        launch, and an entry that fits every gamma the draft is swept at."""
+        for index, draft in enumerate(self.drafts):
+            if not draft.acceptance:
+                continue
+            at = ("drafts", index, "acceptance")
+            engine = ENGINES.get(self.server.engine) if self.server is not None else None
+            if self.backend == "hf":
+                raise rule('backend "hf" verifies inside transformers\' generate and cannot impose an acceptance: use '
+                           'backend = "native", or "server" with engine "vllm"', at=at)
+            if self.backend == "server" and not getattr(engine, "imposes_acceptance", False):
+                name = self.server.engine or "an attached server"
+                raise rule(f"{name} has no synthetic acceptance to impose it with (vLLM 0.32 and later have: "
+                           'rejection_sample_method = "synthetic"): use engine = "vllm", or backend = "native"', at=at)
+            if draft.gamma_schedule is not None:
+                raise rule("an imposed acceptance gives rates per position at one gamma: use gamma = [...] instead "
+                           "of gamma_schedule", at=at)
+            for gamma in self.gammas(draft):
+                for number, entry in enumerate(draft.acceptance):
+                    if problem := imposed.entry_problem(entry, gamma, largest=max(self.gammas(draft))):
+                        raise rule(f"entry {number}: {problem}", at=at)
+        return self
 
     @model_validator(mode="after")
     def _compile_on_native(self) -> "Profile":

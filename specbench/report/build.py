@@ -14,6 +14,7 @@ from specbench.report.capacity import CapacityReport, capacity_report
 from specbench.report.folders import Run, Skipped, load_runs
 from specbench.report.trials import StudyReport, study_reports
 from specbench.report.workload import WorkloadReport, workload_report
+from specbench.report.whatif import WhatIf, WhatIfError, synthetic_mask, whatif_report
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class RunReport:
     capacity: CapacityReport | None = None  # the run's capacity.json (None when it has none)
     # predictions.across_gamma: each gamma's speedup as its draft's largest gamma predicts it, beside the measured
     across_gamma: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=predictions.COLUMNS))
+    # the acceptance what-if: its synthetic points (kept out of `points`), break-even and predictions (None: none ran)
+    whatif: WhatIf | None = None
 
     @property
     def failed(self) -> pd.DataFrame:
@@ -84,17 +87,25 @@ class Report:
 
 
 def build_report(paths: list[str | Path], *, filters: list[str] = (), sort: str = "speedup",
-                 top: int | None = None) -> Report:
-    """Raises ReportError for a bad --filter/--sort/--top, a missing path or no readable results;
-    unreadable folders are listed in `skipped` instead."""
+                 top: int | None = None, acceptance_from: str | Path | None = None) -> Report:
+    """Raises ReportError for a bad --filter/--sort/--top, a missing path or no readable results, and for an
+    `acceptance_from` folder that cannot predict (another target, no per-position acceptance); unreadable folders are
+    listed in `skipped` instead."""
     parsed = [tables.Filter.parse(text) for text in filters]
     tables.check_sort_key(sort)
     if top is not None and top < 1:
         raise tables.ReportError(f"--top {top}: expected a positive number of points per temperature")
     runs, skipped = load_runs(list(paths))
+    source = _acceptance_source(acceptance_from, runs)
     reports = []
     for run in runs:
         points = tables.apply_filters(run.points, parsed)
+        imposed = synthetic_mask(points)  # what-if points: their own section, never among the measured ones
+        try:
+            whatif = whatif_report(points, run.requests, name=run.name, source=source) if imposed.any() else None
+        except WhatIfError as error:
+            raise tables.ReportError(f"--acceptance-from {error}") from None
+        points = points[~imposed]
         table = tables.points_table(points, run=run.name, sort=sort, top=top)
         categories = tables.category_speedups(points, run.requests)
         speedups = _shown_configurations(tables.load_speedups(points), table)
@@ -106,13 +117,27 @@ def build_report(paths: list[str | Path], *, filters: list[str] = (), sort: str 
             studies=study_reports(run.tune, parsed) if run.tune is not None else [],
             workload=workload_report(run.manifest, run.points, run.requests),
             capacity=capacity_report(run.capacity, parsed) if run.capacity is not None else None,
-            across_gamma=predictions.across_gamma(points),
+            across_gamma=predictions.across_gamma(points), whatif=whatif,
         ))
     comparison = None
     if len(reports) == 2:
         first, second = reports
         comparison = tables.compare_runs(first.points, second.points, name_a=first.run.name, name_b=second.run.name)
     return Report(runs=reports, skipped=skipped, comparison=comparison, sort=sort, filters=parsed, top=top)
+
+
+def _acceptance_source(path: str | Path | None, runs: list[Run]):
+    """(name, points, requests) of --acceptance-from's folder; None without one."""
+    if path is None:
+        return None
+    if not any(synthetic_mask(run.points).any() for run in runs):
+        raise tables.ReportError("--acceptance-from predicts on a surface measured with imposed acceptance: pass a "
+                                 "result folder whose profile gives its drafts an `acceptance` list")
+    found, skipped = load_runs([path])
+    if len(found) != 1 or skipped:
+        raise tables.ReportError(f"--acceptance-from {path}: expected one readable result folder"
+                                 + (f" ({'; '.join(str(s) for s in skipped)})" if skipped else ""))
+    return str(path), found[0].points, found[0].requests
 
 
 def _shown_configurations(speedups: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from specbench.core.contention import ADVICE
 from specbench.core.summary import mismatch_warning
-from specbench.report import capacity, load_tables, predictions, schedule, tables, trials, workload
+from specbench.report import capacity, load_tables, predictions, schedule, tables, trials, whatif, workload
 from specbench.report.build import Report, RunReport
 
 if TYPE_CHECKING:
@@ -87,6 +87,8 @@ def run_sections(run_report: RunReport) -> list[Section]:
         found.append(Section("Predicted from the largest gamma", (
             Lines((predictions.caption(run_report.across_gamma),), "plain"),
             Table(predictions.display(run_report.across_gamma)))))
+    if run_report.whatif is not None:
+        found += _whatif(run_report.whatif)
     matrix = tables.category_matrix(run_report.categories)
     if len(matrix):
         found.append(Section(None, (Table(display_matrix(matrix), "Speedup per workload category"),)))
@@ -96,6 +98,20 @@ def run_sections(run_report: RunReport) -> list[Section]:
         found += [_study(study) for study in run_report.studies]
         found.append(Section(None, (Figures(lambda: _plots().tune_plots(run_report.studies)),)))
     return [section for section in found if section.blocks]
+
+
+def _whatif(what) -> list[Section]:
+    found = [Section("What-if: speedup against imposed acceptance", (
+        Table(whatif.display_surface(what.surface), caption=whatif.SURFACE_CAPTION),))]
+    if len(what.break_even):
+        found.append(Section("Break-even acceptance", (
+            Table(whatif.display_break_even(what.break_even), caption=whatif.BREAK_EVEN_CAPTION),)))
+    if len(what.predictions):
+        found.append(Section("Predicted from measured acceptance", (
+            Table(whatif.display_predictions(what.predictions), caption=whatif.prediction_caption(what)),)))
+    found.append(Section(None, (Figures(lambda: [whatif.surface_plot(what) or
+                                                 ("Speedup against acceptance", "Not drawn: no surface.")]),)))
+    return found
 
 
 def tail_sections(report: Report) -> list[Section]:

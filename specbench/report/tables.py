@@ -96,12 +96,16 @@ def sort_points(points: pd.DataFrame, column: str) -> pd.DataFrame:
 
 def status_labels(points: pd.DataFrame) -> pd.Series:
     """failed, mismatch (greedy outputs differ from the baseline's), unstable (measured while other processes
-    used the machine: the speedup is not to be trusted) or ok."""
+    used the machine: the speedup is not to be trusted), synthetic (acceptance imposed: a what-if, never a real
+    draft's speed) or ok."""
     mismatch = points["outputs_match_baseline"].astype("boolean").eq(False).fillna(False).astype(bool)
     failed = points["status"].astype("string").eq("failed").fillna(False).astype(bool)
     unstable = (points["unstable"].astype("boolean").eq(True).fillna(False).astype(bool) if "unstable" in points
                 else pd.Series(False, index=points.index))
-    labels = np.where(failed, "failed", np.where(mismatch, "mismatch", np.where(unstable, "unstable", "ok")))
+    synthetic = (points["imposed_acceptance"].notna() if "imposed_acceptance" in points
+                 else pd.Series(False, index=points.index)).astype(bool)
+    labels = np.where(failed, "failed", np.where(mismatch, "mismatch", np.where(
+        synthetic, "synthetic", np.where(unstable, "unstable", "ok"))))
     return pd.Series(labels, index=points.index)
 
 

@@ -128,6 +128,13 @@ def to_json(report: Report) -> str:
     if any(len(r.across_gamma) for r in report.runs):
         document["across_gamma"] = _records(pd.concat([r.across_gamma.assign(run=r.run.name) for r in report.runs
                                                        if len(r.across_gamma)], ignore_index=True))
+    if any(r.whatif is not None for r in report.runs):  # acceptance what-ifs: surface, break-even, predictions
+        document["whatif"] = [{"run": r.run.name, "source": r.whatif.source,
+                               "surface": _records(r.whatif.surface.drop(columns=[c for c in r.whatif.surface
+                                                                                    if c.startswith("series_")])),
+                               "break_even": _records(r.whatif.break_even),
+                               "predictions": _records(r.whatif.predictions)}
+                              for r in report.runs if r.whatif is not None]
     if any(r.capacity is not None for r in report.runs):  # without capacity.json, nothing changes
         document["capacity"] = [_capacity_json(r.run.name, r.capacity) for r in report.runs if r.capacity is not None]
     return json.dumps(document, indent=2) + "\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
+from specbench.core import imposed
 from specbench.engines import schedule_text
 from specbench.core.loadmix import levels_of
 from specbench.profile import Profile
@@ -23,7 +24,8 @@ def load_levels(profile: Profile) -> list[tuple[int | None, float | None]]:
 
 def plan_points(profile: Profile, *, launch_key: Callable[[PointSpec], Hashable] | None = None) -> list[PointSpec]:
     """Per (temperature, top_p) and load level: the baseline first, then every draft x its gammas (its own `gamma`, else
-    the sweep's; a draft with a gamma per batch size once, at its largest gamma). With a backend's `launch_key`,
+    the sweep's; a draft with a gamma per batch size once, at its largest gamma), and a draft with imposed acceptances
+    ([[drafts]] acceptance: a what-if) once per acceptance at each gamma. With a backend's `launch_key`,
     points that need the same launch are moved together (stable, in order of first appearance), so that each
     launch happens once."""
     points: list[PointSpec] = []
@@ -33,15 +35,19 @@ def plan_points(profile: Profile, *, launch_key: Callable[[PointSpec], Hashable]
             for draft in profile.drafts:
                 schedule = schedule_text(draft.gamma_schedule) if draft.gamma_schedule else None
                 for gamma in profile.gammas(draft):
-                    points.append(PointSpec(
-                        point_id=point_id(draft.name, gamma, temperature, top_p, concurrency=concurrency,
-                                          request_rate=request_rate, scheduled=schedule is not None),
-                        method=draft.method, draft=draft.name, gamma=gamma, temperature=temperature, top_p=top_p,
-                        draft_model=draft.model, draft_quantize=draft.quantize,
-                        ngram_min=draft.ngram_min if draft.method == "ngram" else None,
-                        ngram_max=draft.ngram_max if draft.method == "ngram" else None,
-                        concurrency=concurrency, request_rate=request_rate, gamma_schedule=schedule,
-                    ))
+                    entries = imposed.imposed_entries(draft.acceptance) if draft.acceptance else [(None, None)]
+                    for index, entry in entries:
+                        points.append(PointSpec(
+                            point_id=point_id(draft.name, gamma, temperature, top_p, concurrency=concurrency,
+                                              request_rate=request_rate, scheduled=schedule is not None,
+                                              synthetic=index),
+                            method=draft.method, draft=draft.name, gamma=gamma, temperature=temperature, top_p=top_p,
+                            draft_model=draft.model, draft_quantize=draft.quantize,
+                            ngram_min=draft.ngram_min if draft.method == "ngram" else None,
+                            ngram_max=draft.ngram_max if draft.method == "ngram" else None,
+                            concurrency=concurrency, request_rate=request_rate, gamma_schedule=schedule,
+                            imposed_acceptance=None if entry is None else imposed.as_text(imposed.rates_at(entry, gamma)),
+                        ))
     return points if launch_key is None else order_by_launch(points, launch_key)
 
 

@@ -31,7 +31,8 @@ def launch_key(spec: PointSpec) -> tuple:
     """What a launch fixes; the baseline launches without speculation."""
     if spec.method == "baseline":
         return ("baseline",)
-    return (spec.method, spec.draft, spec.draft_model, spec.gamma, spec.ngram_min, spec.ngram_max, spec.gamma_schedule)
+    return (spec.method, spec.draft, spec.draft_model, spec.gamma, spec.ngram_min, spec.ngram_max, spec.gamma_schedule,
+            spec.imposed_acceptance)
 
 
 class ServerSession:
@@ -221,7 +222,8 @@ class ServerSession:
             engine_reference(spec.draft_model, engine) if spec.draft_model else None)
         speculation = Speculation(spec.method, spec.gamma, draft,
                                   spec.ngram_min, spec.ngram_max,
-                                  parse_schedule(spec.gamma_schedule) if spec.gamma_schedule else None)
+                                  parse_schedule(spec.gamma_schedule) if spec.gamma_schedule else None,
+                                  spec.imposed_rates)
         port = free_port()
         if self.settings.command is not None:
             values = {"target": target, "draft": speculation.draft_model or "", "host": HOST, "port": str(port)}
