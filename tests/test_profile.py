@@ -212,7 +212,7 @@ def test_profiles_are_frozen():
 MODELS = ", ".join(BUILTIN_MODELS)
 SETS = ", ".join(BUILTIN_SETS)
 PROFILE_KEYS = "name, backend, server, device, dtype, target, drafts, sweep, workload, run, load, slo, capacity, cost"
-DRAFT_KEYS = "name, method, model, quantize, ngram_min, ngram_max, gamma_schedule, gamma, url"
+DRAFT_KEYS = "name, method, model, quantize, ngram_min, ngram_max, gamma_schedule, gamma, url, acceptance"
 
 BAD_VALUES = [
     # (key, value or None to remove it, message after "<file>: ")

@@ -5,12 +5,10 @@ surface's fit, break-even and predictions from acceptance measured elsewhere."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from specbench.cli import app
