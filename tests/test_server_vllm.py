@@ -177,3 +177,21 @@ def test_a_python_without_vllm_is_one_line_exit_2_and_nothing_written(tmp_path, 
                                      "at the Python of the environment that has vllm (`make engine-vllm` makes one "
                                      "in .engines/vllm/)")
     assert not (tmp_path / "results").exists()
+
+
+@needs_vllm
+def test_an_imposed_acceptance_on_vllms_cpu_build_is_refused_before_any_launch(tmp_path, monkeypatch):
+    """vLLM 0.32's CPU build runs its rejection sampler in C++ kernels that assert on synthetic mode: launched, the
+    first request fails with a 500. specbench asks the installed vLLM first: one line, exit 2, nothing launched or
+    written."""
+    monkeypatch.chdir(tmp_path)
+    profile = PROFILE.replace('name = "self"\nmethod = "draft"\nmodel = "builtin:smollm2-135m-instruct"\n',
+                              'name = "self"\nmethod = "draft"\nmodel = "builtin:smollm2-135m-instruct"\n'
+                              'acceptance = ["measured", [0.8, 0.5, 0.2]]\n')
+    (tmp_path / "vllm.toml").write_text(profile)
+    before = vllm_pids()
+    result = CliRunner().invoke(app, ["run", "vllm.toml"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().startswith("error: vllm.toml: drafts[1].acceptance: vLLM 0.32.0 on this CPU cannot "
+                                            "impose an acceptance")
+    assert "\n" not in result.output.strip() and not (tmp_path / "results").exists() and vllm_pids() <= before

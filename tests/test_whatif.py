@@ -225,3 +225,9 @@ def test_a_native_run_mixing_synthetic_and_real_points_keeps_them_apart(tmp_path
     result = CliRunner().invoke(app, ["report", "results/tiny", "--acceptance-from", str(other), "--format", "json",
                                       "--out", str(bad)])
     assert result.exit_code == 2 and "someone/else" in result.output and not bad.exists()
+
+
+def test_a_point_that_kept_other_than_what_was_imposed_is_said():
+    assert imposed.kept_mismatch((0.8, 0.5), accepted=(160, 101), drafted=(200, 200)) is None
+    wrong = imposed.kept_mismatch((0.8, 0.5), accepted=(190, 180), drafted=(200, 200))
+    assert "0.95 at position 1 where 0.8 was imposed" in wrong and "0.90 at position 2" in wrong

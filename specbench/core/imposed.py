@@ -110,3 +110,18 @@ def imposed_entries(entries: Sequence[Entry]) -> list[tuple[int | None, Entry | 
             k += 1
             found.append((k, entry))
     return found
+
+
+def kept_mismatch(rates: Sequence[float], accepted: Sequence[int], drafted: Sequence[int], *,
+                  sds: float = 4.0) -> str | None:
+    """Whether a point kept what was imposed: per position, the steps that kept positions 0..i over those that drafted
+    position i, against the imposed rate (binomial noise: `sds` standard deviations, and 0.02 for the steps an
+    end-of-sequence cut short). None where it did, or nothing was drafted; else what the engine kept instead."""
+    wrong = []
+    for position, (rate, kept, steps) in enumerate(zip(rates, accepted, drafted), start=1):
+        if not steps:
+            continue
+        share = kept / steps
+        if abs(share - rate) > sds * (rate * (1 - rate) / steps) ** 0.5 + 0.02:
+            wrong.append(f"{share:.2f} at position {position} where {rate:g} was imposed ({steps} steps)")
+    return ("kept " + ", ".join(wrong) + ": the engine did not impose the acceptance asked") if wrong else None

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specbench.core import contention, cost, predictions, stats
+from specbench.core import contention, cost, imposed, predictions, stats
 from specbench.core.trace import first_divergence
 from specbench.core.results import POINT_COLUMNS, POINT_DTYPES, PointSpec, typed_frame
 
@@ -322,6 +322,10 @@ def _stability(row: dict[str, Any], baseline_context: dict[str, Any], baseline: 
     if spec.open_loop and lateness is not None and lateness > LATENESS_LIMIT_MS:
         reasons.append(f"the client sent requests late of their arrival times (p99 {lateness:.3g} ms, limit "
                        f"{LATENESS_LIMIT_MS:g} ms): the client, not the server, shaped the load")
+    if spec.synthetic and row.get("drafted_per_position") is not None:
+        if wrong := imposed.kept_mismatch(spec.imposed_rates, row.get("accepted_per_position") or [],
+                                          row.get("drafted_per_position") or []):
+            reasons.append(wrong)
     if spec.method != "baseline" and baseline is not None:
         baseline_spreads = _spreads(baseline, spec)
         reasons += [f"baseline: {r}" for r in contention.unstable_reasons(

@@ -57,6 +57,10 @@ class ServerSession:
             self.help_text = checks.help_text(self.binary, self.engine, self.settings)
             self.python_version = None if self.engine.loads_gguf or self.settings.command is not None else \
                 checks.installed_version(self.binary, self.engine, where)
+            imposing = [index for index, draft in enumerate(profile.drafts) if draft.acceptance]
+            if imposing and self.python_version is not None and getattr(self.engine, "imposes_acceptance", False):
+                checks.check_imposes_acceptance(self.binary, self.python_version, where,
+                                                f"drafts[{imposing[0]}].acceptance")
         self.url = self.settings.url.rstrip("/") if self.attached else None
         # attached: the running deployments measured side by side, the baseline's (server.url) and each draft's
         self.deployments: dict[str | None, str] = {None: self.url, **{d.name: d.url.rstrip("/") for d in profile.drafts}} \

@@ -205,3 +205,31 @@ def api_key(profile: Profile) -> str | None:
     if not key:
         raise ProfileError(f"server.api_key_env: the environment variable {name} is not set")
     return key
+
+
+_SYNTHETIC_PROBE = """
+import inspect, sys
+from vllm.platforms import current_platform
+if not current_platform.is_cpu():
+    sys.exit(0)
+from vllm.triton_utils import HAS_TRITON
+if HAS_TRITON:
+    sys.exit(0)
+from vllm.utils import cpu_triton_utils as kernels
+source = inspect.getsource(kernels._rejection_greedy_sample_kernel_impl)
+sys.exit(4 if "not SYNTHETIC_MODE" in source else 0)
+"""
+
+
+def check_imposes_acceptance(python: str, version: str | None, where: str, key: str) -> None:
+    """Refused before any launch where the installed vLLM cannot impose an acceptance: its CPU build without Triton
+    runs the rejection sampler in C++ kernels that assert on synthetic mode (vLLM 0.32: "Synthetic acceptance not
+    supported with CPU sampling"), so the first request would fail with a 500."""
+    try:
+        out = subprocess.run([python, "-c", _SYNTHETIC_PROBE], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise ProfileError(f"{where}server.binary: cannot run {python}: {error}") from None
+    if out.returncode == 4:
+        raise ProfileError(f"{where}{key}: vLLM {version or ''} on this CPU cannot impose an acceptance: its CPU "
+                           "sampling kernels refuse synthetic mode (vllm/utils/cpu_triton_utils.py); run the what-if "
+                           "on a GPU with vLLM 0.32+, or with backend = \"native\"")
