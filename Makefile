@@ -96,7 +96,7 @@ CHECK_PYTHON = found=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_in
 	echo "specbench needs Python >= 3.11, and $(PYTHON) is $${found:+Python }$${found:-not found}: give a newer one, e.g. make PYTHON=python3.11 (Ubuntu 22.04: sudo apt install python3.11 python3.11-venv)"; \
 	exit 1; }
 
-.PHONY: install run test bench bench-capacity bench-aiperf gpu-check gpu-wheels bench-server bench-sharegpt clean check-python check-torch \
+.PHONY: install run test bench bench-whatif bench-capacity bench-aiperf gpu-check gpu-wheels bench-server bench-sharegpt clean check-python check-torch \
 	engines engine-llama.cpp engine-vllm engine-sglang .engines/llama-server .engines/vllm
 
 install: $(STAMP)
@@ -223,6 +223,11 @@ bench-server: $(STAMP) engine-vllm
 # vLLM server: the same requests, prompt and output tokens (~5 min here)
 bench-sharegpt: $(STAMP) engine-vllm
 	$(BIN)/python -m benches.sharegpt $(ARGS)
+
+# the acceptance what-if (profiles/whatif-cpu.toml, native): each real draft's speedup predicted from its measured
+# acceptance on the surface measured with imposed acceptance, beside the speedup measured (~25 min on 2 cores)
+bench-whatif: $(STAMP)
+	$(BIN)/python -m benches.whatif $(ARGS)
 
 # the same capacity search run twice (ARGS="--runs 3"): how far apart its capacities land here (~21 min)
 bench-capacity: $(STAMP) engine-vllm
