@@ -231,3 +231,13 @@ def test_a_point_that_kept_other_than_what_was_imposed_is_said():
     assert imposed.kept_mismatch((0.8, 0.5), accepted=(160, 101), drafted=(200, 200)) is None
     wrong = imposed.kept_mismatch((0.8, 0.5), accepted=(190, 180), drafted=(200, 200))
     assert "0.95 at position 1 where 0.8 was imposed" in wrong and "0.90 at position 2" in wrong
+
+
+def test_tune_refuses_an_imposed_acceptance_in_one_line(tmp_path, models_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    profile = tiny_profile(gamma=(2,), temperature=(0.0,)).replace(
+        'model = "./draft"\n', 'model = "./draft"\nacceptance = [[0.9, 0.6]]\n')
+    write_project(tmp_path, profile=profile, prompts=PROMPTS, models=models_dir)
+    result = CliRunner().invoke(app, ["tune", "tiny.toml", "--trials", "2"])
+    assert result.exit_code == 2 and "drafts[1].acceptance: tune searches real drafts" in result.output
+    assert "\n" not in result.output.strip() and not (tmp_path / "results").exists()

@@ -45,8 +45,10 @@ def by_launch(planned: list[PointSpec], launch_key: Callable[[PointSpec], Hashab
 
 
 def configuration_label(spec: PointSpec) -> str:
-    """"baseline", or "<draft> γ<gamma>"."""
-    return "baseline" if spec.method == "baseline" else f"{spec.draft} γ{spec.gamma}"
+    """"baseline", or "<draft> γ<gamma>" (with "imposed <rates>" for an acceptance what-if: its own configuration)."""
+    if spec.method == "baseline":
+        return "baseline"
+    return f"{spec.draft} γ{spec.gamma}" + (f" imposed {spec.imposed_acceptance}" if spec.synthetic else "")
 
 
 class CapacitySearch:
