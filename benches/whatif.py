@@ -41,14 +41,25 @@ def compare(surface: Path, source: Path | None) -> tuple[pd.DataFrame, pd.DataFr
 
 
 def _ranks_agree(frame: pd.DataFrame) -> str:
-    """Per load level: whether sorting the configurations by predicted speedup gives the measured order."""
+    """Per load level: whether predicted and measured speedups order the configurations the same — every pair, and
+    the pairs whose measured intervals do not overlap (the ones a measurement can order); Kendall's tau."""
     verdicts = []
     for (temperature, concurrency), group in frame.groupby(["temperature", "concurrency"], dropna=False):
-        measured = list(group.sort_values("speedup", ascending=False)[["draft", "gamma"]].itertuples(index=False))
-        predicted = list(group.sort_values("predicted_speedup", ascending=False)[["draft", "gamma"]]
-                         .itertuples(index=False))
-        verdicts.append(f"T={temperature:g} c={concurrency}: {'same' if measured == predicted else 'DIFFERENT'} "
-                        f"({', '.join(f'{d} g{g}' for d, g in measured)} measured)")
+        rows = group.to_dict("records")
+        pairs = swapped = separable = separable_swapped = 0
+        for i, a in enumerate(rows):
+            for b in rows[i + 1:]:
+                pairs += 1
+                swap = (a["speedup"] - b["speedup"]) * (a["predicted_speedup"] - b["predicted_speedup"]) < 0
+                swapped += swap
+                if a["speedup_ci_low"] > b["speedup_ci_high"] or b["speedup_ci_low"] > a["speedup_ci_high"]:
+                    separable += 1
+                    separable_swapped += swap
+        tau = (pairs - 2 * swapped) / pairs if pairs else float("nan")
+        order = ", ".join(f"{r['draft']} g{r['gamma']}" for r in sorted(rows, key=lambda r: -r["speedup"]))
+        verdicts.append(f"T={temperature:g} c={concurrency}: Kendall tau {tau:.2f} ({swapped} of {pairs} pairs "
+                        f"swapped; {separable_swapped} of the {separable} pairs whose measured intervals do not "
+                        f"overlap); measured order {order}")
     return "; ".join(verdicts)
 
 

@@ -241,3 +241,23 @@ def test_tune_refuses_an_imposed_acceptance_in_one_line(tmp_path, models_dir, mo
     result = CliRunner().invoke(app, ["tune", "tiny.toml", "--trials", "2"])
     assert result.exit_code == 2 and "drafts[1].acceptance: tune searches real drafts" in result.output
     assert "\n" not in result.output.strip() and not (tmp_path / "results").exists()
+
+
+def test_a_source_that_drafts_fewer_per_pass_is_priced_at_its_own_proposals():
+    """An n-gram lookup drafts fewer tokens where nothing matches, and an imposed acceptance changes what it later
+    finds: the surface measured at ~2 drafted per pass prices a real lookup that drafts 1.4 by its own count."""
+    c, a, b = 0.15, 0.7, 0.25
+    rows = []
+    for gamma, drafted in ((1, 0.7), (2, 1.35), (3, 2.0)):
+        for k, length in enumerate((1.15, 1.4, 1.7, 2.1)[: gamma + 2], 1):
+            speedup = 1 / (c + (a + b * drafted) / length)
+            rows.append({"point_id": f"ngram-g{gamma}-syn{k}", "status": "ok", "method": "ngram", "draft": "ngram",
+                         "gamma": gamma, "temperature": 0.0, "top_p": 1.0, "concurrency": 1, "request_rate": np.nan,
+                         "imposed_acceptance": "x", "mean_accepted_length": length, "speedup": speedup,
+                         "speedup_ci_low": speedup * 0.99, "speedup_ci_high": speedup * 1.01,
+                         "drafted_per_step": drafted, "target_model": "t"})
+    fit = whatif.fit_surface(pd.DataFrame(rows))[("ngram", "ngram", 3, 0.0, 1.0, 1, None)]
+    assert fit.per_drafted == pytest.approx(b, rel=0.05)
+    truth = 1 / (c + (a + b * 1.4) / 1.5)
+    assert fit.speedup(1.5, 1.4) == pytest.approx(truth, rel=0.01)
+    assert abs(fit.speedup(1.5) / truth - 1) > 0.05  # priced at the surface's own proposals it would be off

@@ -17,7 +17,7 @@ points (each speedup drawn from its interval) and of the source's requests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -41,13 +41,23 @@ class Fit:
     high: float
     replicates: np.ndarray  # [B, 2]: bootstrap (c, d)
     drafted_per_step: float | None  # what the cell's points drafted per pass (the proposals the cost was measured at)
+    # the pass's cost per drafted token over the baseline's time per token (the draft's and the verification's), from
+    # the draft's cells at every gamma together (module docstring); None where their proposals hardly differ
+    per_drafted: float | None = None
 
-    def speedup(self, length: float) -> float:
-        return 1.0 / (self.c + self.d / length)
+    def _d(self, d, drafted: float | None):
+        """d at another proposal count: a pass that drafts fewer tokens (an n-gram lookup finding fewer matches)
+        costs less by per_drafted for each."""
+        if drafted is None or self.per_drafted is None or self.drafted_per_step is None:
+            return d
+        return d + self.per_drafted * (drafted - self.drafted_per_step)
 
-    def speedups(self, lengths: np.ndarray) -> np.ndarray:
+    def speedup(self, length: float, drafted: float | None = None) -> float:
+        return 1.0 / (self.c + self._d(self.d, drafted) / length)
+
+    def speedups(self, lengths: np.ndarray, drafted: float | None = None) -> np.ndarray:
         """Per bootstrap replicate (paired with `lengths`, one per replicate)."""
-        return 1.0 / (self.replicates[:, 0] + self.replicates[:, 1] / lengths)
+        return 1.0 / (self.replicates[:, 0] + self._d(self.replicates[:, 1], drafted) / lengths)
 
 
 def synthetic_points(points: pd.DataFrame) -> pd.DataFrame:
@@ -69,7 +79,39 @@ def cell_key(row) -> tuple:
 
 
 def fit_surface(points: pd.DataFrame, *, seed: int = 0) -> dict[tuple, Fit]:
-    """Per cell with at least two distinct measured lengths: its fit."""
+    """Per cell with at least two distinct measured lengths: its fit, with its draft's cost per drafted token."""
+    fits = _cell_fits(points, seed=seed)
+    synthetic = synthetic_points(points)
+    families = synthetic.apply(lambda row: _family(cell_key(row)), axis=1) if len(synthetic) else pd.Series(dtype=object)
+    slopes = {family: _per_drafted(synthetic[families == family]) for family in {_family(key) for key in fits}}
+    for key, fit in fits.items():
+        fits[key] = replace(fit, per_drafted=slopes[_family(key)])
+    return fits
+
+
+def _family(key: tuple) -> tuple:
+    """A cell's key without its gamma: the draft's cells at one temperature and load."""
+    return tuple(v for name, v in zip(CELL, key) if name != "gamma")
+
+
+MIN_DRAFTED_SPREAD = 0.5  # tokens per pass: less, and the cost per drafted token cannot be told from the cost per pass
+
+
+def _per_drafted(rows: pd.DataFrame) -> float | None:
+    """The cost of a drafted token per pass, b in 1 / speedup = c + (a + b D) / L over a draft's synthetic points at
+    every gamma (D: tokens drafted per pass): their proposals differ by gamma, which one cell's cannot tell."""
+    rows = rows[rows["mean_accepted_length"].notna() & rows["speedup"].notna() & rows["drafted_per_step"].notna()]
+    if len(rows) < 4:
+        return None
+    lengths, drafted = rows["mean_accepted_length"].to_numpy(float), rows["drafted_per_step"].to_numpy(float)
+    if drafted.max() - drafted.min() < MIN_DRAFTED_SPREAD:
+        return None
+    design = np.stack([np.ones_like(lengths), 1.0 / lengths, drafted / lengths], axis=1)
+    (_, _, slope), *_ = np.linalg.lstsq(design, 1.0 / rows["speedup"].to_numpy(float), rcond=None)
+    return float(slope) if slope > 0 else None
+
+
+def _cell_fits(points: pd.DataFrame, *, seed: int) -> dict[tuple, Fit]:
     rng = np.random.default_rng(seed)
     fits: dict[tuple, Fit] = {}
     synthetic = synthetic_points(points)
@@ -196,11 +238,11 @@ def _sum(column: pd.Series, gamma: int) -> list[int]:
     return total.tolist()
 
 
-def source_acceptances(points: pd.DataFrame, requests: pd.DataFrame) -> dict[tuple, SourceAcceptance]:
-    """Per (draft, temperature, top_p): the measured (not imposed) acceptance of the draft's largest-gamma point,
-    at the lowest load it ran at, from its requests' per-position counts. Points whose requests lack those counts
-    (an engine that reports no per-position acceptance) are left out."""
-    found: dict[tuple, SourceAcceptance] = {}
+def source_acceptances(points: pd.DataFrame, requests: pd.DataFrame) -> dict[tuple, list[SourceAcceptance]]:
+    """Per (draft, temperature, top_p): the measured (not imposed) acceptance of the draft at each gamma it ran at
+    (largest first), at the lowest load it ran at, from its requests' per-position counts. Points whose requests
+    lack those counts (an engine that reports no per-position acceptance) are left out."""
+    found: dict[tuple, list[SourceAcceptance]] = {}
     real = points[(points["status"] == "ok") & (points["method"] != "baseline") & points["gamma"].notna()]
     if "imposed_acceptance" in real:
         real = real[real["imposed_acceptance"].isna()]
@@ -211,7 +253,7 @@ def source_acceptances(points: pd.DataFrame, requests: pd.DataFrame) -> dict[tup
     order = order.sort_values(["gamma", "_open", "_c"], ascending=[False, True, True], kind="stable")
     for _, row in order.iterrows():
         key = (row["draft"], float(row["temperature"]), float(row["top_p"]))
-        if key in found:
+        if any(source.gamma == int(row["gamma"]) for source in found.get(key, ())):
             continue
         rows = requests[requests["point_id"] == row["point_id"]]
         if "error" in rows:
@@ -225,24 +267,32 @@ def source_acceptances(points: pd.DataFrame, requests: pd.DataFrame) -> dict[tup
                               "accepted_per_position": list(rows["accepted_per_position"])})
         if frame["steps"].sum() <= 0:
             continue
-        found[key] = SourceAcceptance(row["draft"], row["method"], key[1], key[2], int(row["gamma"]),
-                                      row["point_id"], frame)
+        found.setdefault(key, []).append(SourceAcceptance(row["draft"], row["method"], key[1], key[2],
+                                                          int(row["gamma"]), row["point_id"], frame))
     return found
+
+
+def nearest_source(sources: list[SourceAcceptance], gamma: int) -> SourceAcceptance | None:
+    """The point measured at `gamma`, else at the smallest gamma above it (cut to `gamma`); None when every one
+    was measured at a smaller gamma (acceptance beyond it was never observed)."""
+    above = [source for source in sources if source.gamma >= gamma]
+    return min(above, key=lambda source: source.gamma) if above else None
 
 
 def predictions(fits: dict[tuple, Fit], sources: dict[tuple, SourceAcceptance], *, seed: int = 0) -> pd.DataFrame:
     """Per surface cell whose draft, temperature and top_p have a measured acceptance at this gamma or above: the
     predicted speedup with its 95 % interval, the source's tokens per pass and drafted tokens per pass at the gamma
-    beside the surface's, and whether the length lies outside what the surface measured (an extrapolation)."""
+    beside the surface's, and whether the length lies outside what the surface measured (an extrapolation). The source
+    is the draft's point at the gamma, else at the nearest gamma above it."""
     rng = np.random.default_rng(seed)
     rows = []
     for key, fit in fits.items():
         draft, method, gamma, temperature, top_p, concurrency, request_rate = key
-        source = sources.get((draft, float(temperature), float(top_p)))
-        if source is None or int(gamma) > source.gamma:
+        source = nearest_source(sources.get((draft, float(temperature), float(top_p)), []), int(gamma))
+        if source is None:
             continue
         length, boot, drafted = source.lengths(int(gamma), replicates=len(fit.replicates), rng=rng)
-        predicted = fit.speedups(boot)
+        predicted = fit.speedups(boot, drafted)
         predicted = predicted[np.isfinite(predicted)]
         low, high = np.percentile(predicted, [2.5, 97.5]) if len(predicted) else (np.nan, np.nan)
         rows.append({"draft": draft, "method": method, "gamma": int(gamma), "temperature": temperature, "top_p": top_p,
@@ -250,7 +300,8 @@ def predictions(fits: dict[tuple, Fit], sources: dict[tuple, SourceAcceptance], 
                      "source_point_id": source.point_id, "source_gamma": source.gamma,
                      "source_mean_accepted_length": length, "source_drafted_per_step": drafted,
                      "surface_drafted_per_step": fit.drafted_per_step,
-                     "predicted_speedup": fit.speedup(length), "predicted_speedup_ci_low": float(low),
+                     "per_drafted_token": fit.per_drafted,
+                     "predicted_speedup": fit.speedup(length, drafted), "predicted_speedup_ci_low": float(low),
                      "predicted_speedup_ci_high": float(high),
                      "extrapolated": bool(length < fit.low - 1e-9 or length > fit.high + 1e-9)})
     return pd.DataFrame(rows)
