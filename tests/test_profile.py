@@ -82,6 +82,7 @@ def test_the_shipped_profiles_and_the_default_is_one_of_them():
         "vllm-cpu-sharegpt.toml",
         "vllm-cpu.toml",
         "vllm-gpu-eagle3.toml",
+        "whatif-cpu.toml",
     ]
     assert (PROJECT_ROOT / DEFAULT_PROFILE).is_file()
 

@@ -213,6 +213,9 @@ def test_a_native_run_mixing_synthetic_and_real_points_keeps_them_apart(tmp_path
     assert prediction["measured_point_id"] == "close-g2-t0-p1" and prediction["predicted_speedup"] > 0
     text = CliRunner().invoke(app, ["report", "results/tiny"]).output
     assert "Break-even acceptance" in text and "synthetic" in text
+    html = tmp_path / "report.html"
+    result = CliRunner().invoke(app, ["report", "results/tiny", "--format", "html", "--out", str(html)])
+    assert result.exit_code == 0 and "Speedup against acceptance (imposed)" in html.read_text()
     # bad input: a source folder with another target, exit 2, nothing written
     bad = tmp_path / "bad.json"
     other = tmp_path / "other"
