@@ -8,6 +8,7 @@ import typer
 
 from specbench.cli.datasets import datasets_app
 from specbench.cli.heads import heads_app
+from specbench.cli.merge import merge
 from specbench.cli.models import models_app
 from specbench.cli.report import report
 from specbench.cli.run import run
@@ -20,6 +21,7 @@ app = typer.Typer(
 app.command()(run)
 app.command()(tune)
 app.command()(report)
+app.command()(merge)
 app.add_typer(models_app, name="models")
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(heads_app, name="heads")

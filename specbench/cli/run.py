@@ -31,10 +31,12 @@ def run(
     usd_per_hour: Annotated[Optional[float], typer.Option(help="Price of one replica per hour (overrides [cost] usd_per_hour): the cost per 1M output tokens per point and at capacity.")] = None,
     traffic: Annotated[Optional[float], typer.Option(help="Requests/s to serve (overrides [cost] traffic_rps): the replicas each configuration needs at its capacity.")] = None,
     compiled: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Native backend: static KV caches and compiled steps (CUDA graphs on a GPU); overrides run.compile (default: on a GPU, off on a CPU).")] = None,
+    shard: Annotated[Optional[str], typer.Option(help="Run one part of the sweep: I/N (from 1), or auto/N to take the index from JOB_COMPLETION_INDEX (Kubernetes Indexed Job) or SLURM_ARRAY_TASK_ID (Slurm array). Each engine configuration runs on one shard, every shard measures its own baselines, into its own folder (default results/<name>-shard<I>of<N>); `specbench merge` joins them.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")] = False,
 ) -> None:
     """Sweep drafts x gamma x temperature against the baseline; record every request into parquet."""
     from specbench.sweep import run_profile  # the sweep and its backends load only when a run starts
+    from specbench.sweep.shard import parse_shard
 
     path = profile_path(profile)
     try:
@@ -42,12 +44,17 @@ def run(
                                 usd_per_hour=usd_per_hour, traffic_rps=traffic, compile=compiled)
     except ProfileError as error:
         fail(str(error))
-    out_dir = out or default_out_dir(loaded.name)
+    try:
+        part = parse_shard(shard) if shard is not None else None
+    except OneLineError as error:
+        fail(str(error))
+    suffix = f"-shard{part.index}of{part.count}" if part is not None else ""
+    out_dir = out or default_out_dir(loaded.name, suffix=suffix)
     out_console = console(stderr=json_output)
     try:
         with SweepProgress(out_console) as progress:
             result = run_profile(loaded, out=out_dir, fresh=fresh, storage=storage, study=study, workers=workers,
-                                 observer=progress)
+                                 observer=progress, shard=part)
     except OneLineError as error:
         fail(str(error))
     print_run_summary(out_console, result.points, str(out_dir), probes=result.capacity_probes)

@@ -17,7 +17,7 @@ from specbench.core.errors import OneLineError
 
 MANIFEST_FILE = "manifest.json"
 VERSION = 1
-OPTIONAL = ("server", "compile", "verify_ms_by_tokens", "conditions", "capacity")  # left out of the file when None
+OPTIONAL = ("server", "compile", "verify_ms_by_tokens", "conditions", "capacity", "shard", "merged")  # left out of the file when None
 
 
 class ManifestError(OneLineError, ValueError):
@@ -44,6 +44,10 @@ class Manifest:
     verify_ms_by_tokens: list[float] | None = None  # the target's forward pass at k = 1.. tokens, timed once
     conditions: dict[str, Any] | None = None  # how quiet the machine was, the points that cannot be trusted
     capacity: list[dict[str, Any]] | None = None  # each capacity search's decisions (capacity.json has the rest)
+    # `run --shard I/N`: {"index", "count", "host", "points": the planned point ids this shard runs}
+    shard: dict[str, Any] | None = None
+    # `specbench merge`: each folder merged, its host, shard and status
+    merged: list[dict[str, Any]] | None = None
     version: int = VERSION
 
     def to_dict(self) -> dict[str, Any]:

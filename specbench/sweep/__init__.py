@@ -8,14 +8,23 @@ from pathlib import Path
 from specbench.profile import Profile, ProfileError
 from specbench.core.results import default_out_dir
 from specbench.sweep.files import ResumeError, RunFiles
+from specbench.sweep.shard import Shard, ShardError
 from specbench.sweep.loop import PointRun, RunResult, SilentObserver, SweepObserver, evaluate_point, run_sweep
 
 
 def run_profile(profile: Profile, *, out: Path | None = None, fresh: bool = False, storage: str | None = None,
-                study: str | None = None, workers: int = 1, observer: SweepObserver | None = None) -> RunResult:
-    """Run (or resume) `profile` into `out` (default results/<profile name>): in this process, or, with a
-    storage, a study name or several workers, as a grid shared through an Optuna study."""
-    out_dir = out if out is not None else default_out_dir(profile.name)
+                study: str | None = None, workers: int = 1, observer: SweepObserver | None = None,
+                shard: Shard | None = None) -> RunResult:
+    """Run (or resume) `profile` into `out` (default results/<profile name>, or results/<name>-shard<I>of<N>): in
+    this process — all of it, or one shard — or, with a storage, a study name or several workers, as a grid shared
+    through an Optuna study."""
+    if shard is not None and not (storage is None and study is None and workers == 1):
+        raise ShardError("--shard: each shard runs its part in one process with its own folder; drop --workers, "
+                         "--storage and --study")
+    suffix = f"-shard{shard.index}of{shard.count}" if shard is not None else ""
+    out_dir = out if out is not None else default_out_dir(profile.name, suffix=suffix)
+    if shard is not None:
+        return run_sweep(profile, out_dir=out_dir, fresh=fresh, observer=observer, shard=shard)
     if profile.capacity is not None and not (storage is None and study is None and workers == 1):
         raise ProfileError(f"{profile.source or 'profile'}: capacity: a capacity search decides each probe from the "
                            "last, in one process: drop --workers, --storage and --study")

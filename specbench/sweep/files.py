@@ -68,7 +68,18 @@ class RunFiles:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def open(self, ctx: RunContext, planned: list[PointSpec], *, fresh: bool) -> list[PointSpec]:
+    def check_shard(self, shard, *, fresh: bool) -> None:
+        """A folder written by one shard (or by a whole run) resumes only as the same: ResumeError otherwise."""
+        if fresh or not self.manifest_path.exists():
+            return
+        previous = _recorded(self.manifest_path).shard
+        was = f"shard {previous['index']}/{previous['count']}" if previous else "a whole run"
+        now = f"shard {shard.label}" if shard is not None else "a whole run"
+        if was != now:
+            raise ResumeError(f"{self.out_dir}: holds {was}, this is {now}; use --fresh to replace it or --out DIR "
+                              "to keep both")
+
+    def open(self, ctx: RunContext, planned: list[PointSpec], *, fresh: bool, shard=None) -> list[PointSpec]:
         """Check the folder holds this run (or nothing), drop what cannot be resumed, write the
         manifest; returns the specs of done points that `planned` no longer holds."""
         with self.lock():
@@ -82,7 +93,11 @@ class RunFiles:
                    usd_per_hour=ctx.profile.usd_per_replica_hour,
                    verify_ms_by_tokens=ctx.verify_ms_by_tokens())
             started = _previous_start(self.manifest_path, fresh)
-            write_manifest(manifest(ctx, started=started), self.manifest_path)
+            written = manifest(ctx, started=started)
+            if shard is not None:
+                written.shard = {"index": shard.index, "count": shard.count, "host": shard.host,
+                                 "points": [spec.point_id for spec in planned]}
+            write_manifest(written, self.manifest_path)
         return earlier
 
     def recorded(self, spec: PointSpec, ctx: RunContext) -> pd.DataFrame | None:

@@ -21,6 +21,7 @@ from specbench.sweep.capacity import CapacitySearch, by_launch
 from specbench.sweep.context import RunContext, open_run
 from specbench.sweep.files import RunFiles
 from specbench.sweep.plan import plan_points
+from specbench.sweep.shard import Shard, shard_points
 
 
 class SweepObserver(Protocol):
@@ -66,14 +67,19 @@ def planned_points(ctx: RunContext) -> list[PointSpec]:
     return plan_points(ctx.profile, launch_key=ctx.backend.launch_key)
 
 
-def run_sweep(profile: Profile, *, out_dir: Path, fresh: bool = False, observer: SweepObserver | None = None) -> RunResult:
-    """Run (or resume) every point of `profile` into `out_dir`."""
+def run_sweep(profile: Profile, *, out_dir: Path, fresh: bool = False, observer: SweepObserver | None = None,
+              shard: Shard | None = None) -> RunResult:
+    """Run (or resume) every point of `profile` into `out_dir`; with `shard`, its baselines and its share of the
+    rest (specbench.sweep.shard)."""
     observer = observer or SilentObserver()
+    files = RunFiles(out_dir)
+    files.check_shard(shard, fresh=fresh)  # before anything loads: a folder of another shard is not resumed
     ctx = open_run(profile, observer=observer, out_dir=out_dir)
     try:
         planned = planned_points(ctx)
-        files = RunFiles(out_dir)
-        earlier = files.open(ctx, planned, fresh=fresh)
+        if shard is not None:
+            planned = shard_points(planned, ctx.backend.launch_key, shard)
+        earlier = files.open(ctx, planned, fresh=fresh, shard=shard)
         specs = planned + earlier  # points of an earlier, wider sweep of the same run stay in the files
         to_run = [spec for spec in planned if files.recorded(spec, ctx) is None]
         observer.sweep_started(specs, to_run)

@@ -1,0 +1,124 @@
+"""`specbench run --shard I/N` and `specbench merge`: the split (each configuration on one shard, every baseline on
+each), the index from a scheduler's environment, two shards on two "machines" (host names) merged into the set of
+points one run plans with every speedup against its own host's baseline, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench.backends.server.backend import launch_key
+from specbench.cli import app
+from specbench.profile import profile_from_dict
+from specbench.sweep.plan import plan_points
+from specbench.sweep.shard import ShardError, parse_shard, shard_points, unit_key
+from tiny import tiny_profile, write_project
+
+PROMPTS = [("the cat sat on the mat and the dog ran fast", "chat"),
+           ("write code to sum one two three four five", "code")]
+
+
+def _server_plan():
+    return plan_points(profile_from_dict({
+        "name": "s", "backend": "server", "server": {"engine": "vllm"}, "target": {"model": "org/target"},
+        "drafts": [{"name": "ngram", "method": "ngram"}, {"name": "self", "method": "draft", "model": "org/target"}],
+        "sweep": {"gamma": [1, 2, 3], "temperature": [0.0, 0.8], "concurrency": [1, 4]},
+        "workload": {"prompts": "builtin:mixed"}}), launch_key=launch_key)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 7])
+def test_each_launch_runs_on_one_shard_and_every_shard_runs_the_baselines(count):
+    planned = _server_plan()
+    shards = [shard_points(planned, launch_key, parse_shard(f"{i}/{count}", {})) for i in range(1, count + 1)]
+    baselines = [spec for spec in planned if spec.method == "baseline"]
+    owners: dict = {}
+    for index, specs in enumerate(shards):
+        assert [spec for spec in specs if spec.method == "baseline"] == baselines
+        for spec in specs:
+            if spec.method != "baseline":
+                owners.setdefault(launch_key(spec), set()).add(index)
+    assert all(len(owner) == 1 for owner in owners.values())  # an engine configuration is launched by one shard
+    drafted = [spec for specs in shards for spec in specs if spec.method != "baseline"]
+    assert sorted(s.point_id for s in drafted) == sorted(s.point_id for s in planned if s.method != "baseline")
+    sizes = [len(specs) - len(baselines) for specs in shards]
+    assert max(sizes) - min(sizes) <= 4  # six launches of 4 points each, balanced by points
+    again = [shard_points(planned, launch_key, parse_shard(f"{i}/{count}", {})) for i in range(1, count + 1)]
+    assert again == shards  # deterministic: every copy of the command computes the same split
+    assert len({unit_key(s, launch_key) for s in drafted}) == 6
+
+
+def test_the_index_comes_from_the_scheduler_or_is_refused_in_one_line():
+    assert parse_shard("auto/4", {"JOB_COMPLETION_INDEX": "0"}).index == 1
+    assert parse_shard("auto/4", {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "5"}).index == 3
+    assert parse_shard("2/4", {"SPECBENCH_HOST": "box-b"}).host == "box-b"
+    for text, words in (("3/2", "must lie in 1..2"), ("0/2", "must lie in 1..2"), ("2", "expected I/N"),
+                        ("auto/2", "neither JOB_COMPLETION_INDEX")):
+        with pytest.raises(ShardError, match=words):
+            parse_shard(text, {})
+
+
+def test_two_shards_on_two_hosts_merge_into_one_runs_points(tmp_path, models_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_project(tmp_path, profile=tiny_profile(gamma=(2, 3), temperature=(0.0,), max_new_tokens=12, repeats=1,
+                                                 warmup=0), prompts=PROMPTS, models=models_dir)
+    runner = CliRunner()
+    for index, host in ((1, "box-a"), (2, "box-b")):
+        result = runner.invoke(app, ["run", "tiny.toml", "--shard", f"{index}/2"], env={"SPECBENCH_HOST": host})
+        assert result.exit_code == 0, result.output
+    folders = [tmp_path / "results" / f"tiny-shard{i}of2" for i in (1, 2)]
+    manifests = [json.loads((folder / "manifest.json").read_text()) for folder in folders]
+    assert [m["shard"]["host"] for m in manifests] == ["box-a", "box-b"]
+    parts = [pd.read_parquet(folder / "points.parquet") for folder in folders]
+    drafted = [set(part.loc[part["method"] != "baseline", "point_id"]) for part in parts]
+    assert drafted[0] and drafted[1] and not drafted[0] & drafted[1]
+    assert all((part["method"] == "baseline").sum() == 1 for part in parts)
+
+    result = runner.invoke(app, ["merge", *map(str, folders), "--out", "merged"])
+    assert result.exit_code == 0, result.output
+    merged = pd.read_parquet(tmp_path / "merged" / "points.parquet")
+    whole = {spec.point_id for spec in plan_points(profile_from_dict(
+        __import__("tomllib").loads((tmp_path / "tiny.toml").read_text()), source=tmp_path / "tiny.toml"))}
+    expected = (whole - {"baseline-t0-p1"}) | {"baseline-t0-p1@box-a", "baseline-t0-p1@box-b"}
+    assert set(merged["point_id"]) == expected and merged["point_id"].is_unique
+    for part, host in zip(parts, ("box-a", "box-b")):  # every speedup is its own host's
+        mine = merged[merged["host"] == host].set_index("point_id")
+        for row in part[part["method"] != "baseline"].to_dict("records"):
+            assert mine.loc[row["point_id"], "speedup"] == row["speedup"]
+            assert mine.loc[row["point_id"], "shard"] in ("1/2", "2/2")
+    requests = pd.read_parquet(tmp_path / "merged" / "requests.parquet")
+    assert set(requests["point_id"]) == expected
+    report = runner.invoke(app, ["report", "merged", "--format", "json"])
+    assert report.exit_code == 0, report.output
+    assert {row["point_id"] for row in json.loads(report.output)["points"]} == expected
+
+    # bad input: one line, exit 2, nothing written
+    result = runner.invoke(app, ["merge", str(folders[0]), "--out", "one"])
+    assert result.exit_code == 2 and "two result folders" in result.output and not (tmp_path / "one").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("points.parquet", "requests.parquet"):
+        (other / name).write_bytes((folders[1] / name).read_bytes())
+    manifest = json.loads((folders[1] / "manifest.json").read_text())
+    manifest["profile"]["target"]["model"] = "someone/else"
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    result = runner.invoke(app, ["merge", str(folders[0]), str(other), "--out", "mixed"])
+    assert result.exit_code == 2 and "someone/else" in result.output and not (tmp_path / "mixed").exists()
+    result = runner.invoke(app, ["merge", str(folders[0]), "--out", "missing", str(tmp_path / "results" / "tiny-shard1of2")])
+    assert result.exit_code == 2 and "given twice" in result.output
+    result = runner.invoke(app, ["run", "tiny.toml", "--shard", "2/2", "--out", str(folders[0])])
+    assert result.exit_code == 2 and "holds shard 1/2, this is shard 2/2" in result.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--shard", "3/2"], "must lie in 1..2"),
+    (["--shard", "1/2", "--workers", "2"], "drop --workers"),
+])
+def test_a_bad_shard_is_one_line_exit_2_and_nothing_written(tmp_path, models_dir, monkeypatch, args, words):
+    monkeypatch.chdir(tmp_path)
+    write_project(tmp_path, profile=tiny_profile(), prompts=PROMPTS, models=models_dir)
+    result = CliRunner().invoke(app, ["run", "tiny.toml", *args])
+    assert result.exit_code == 2 and words in result.output and "\n" not in result.output.strip()
+    assert not (tmp_path / "results").exists()
