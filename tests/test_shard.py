@@ -5,6 +5,9 @@ points one run plans with every speedup against its own host's baseline, and bad
 from __future__ import annotations
 
 import json
+import re
+import shlex
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -122,3 +125,49 @@ def test_a_bad_shard_is_one_line_exit_2_and_nothing_written(tmp_path, models_dir
     result = CliRunner().invoke(app, ["run", "tiny.toml", *args])
     assert result.exit_code == 2 and words in result.output and "\n" not in result.output.strip()
     assert not (tmp_path / "results").exists()
+
+
+def _blocks(language: str) -> list[str]:
+    text = (Path(__file__).parents[1] / "docs" / "scaleout.md").read_text()
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def test_the_kubernetes_and_slurm_examples_run_their_command_with_a_local_index(tmp_path, models_dir, monkeypatch):
+    """The Indexed Job and the job array from docs/scaleout.md: parsed, and their command run as each copy would
+    (the tiny models' profile in place of the GPU one), then the merge the page gives."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    write_project(tmp_path, profile=tiny_profile(gamma=(2, 3), temperature=(0.0,), max_new_tokens=8, repeats=1,
+                                                 warmup=0), prompts=PROMPTS, models=models_dir)
+    (job,) = [yaml.safe_load(block) for block in _blocks("yaml")]
+    assert job["kind"] == "Job" and job["spec"]["completionMode"] == "Indexed"
+    count = job["spec"]["completions"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[:2] == ["specbench", "run"] and command[command.index("--shard") + 1] == f"auto/{count}"
+    runner = CliRunner()
+    for index in (0, count - 1):  # the first and the last copy
+        args = ["tiny.toml" if arg.endswith(".toml") else arg for arg in command[1:]]
+        result = runner.invoke(app, args, env={"JOB_COMPLETION_INDEX": str(index), "SPECBENCH_HOST": f"pod-{index}"})
+        assert result.exit_code == 0, result.output
+        shard = json.loads((tmp_path / "results" / f"tiny-shard{index + 1}of{count}" / "manifest.json").read_text())
+        assert shard["shard"]["index"] == index + 1 and shard["shard"]["host"] == f"pod-{index}"
+
+    script, merge_line = (block for block in _blocks("sh") if "SBATCH" in block or "sbatch" in block)
+    low, high = map(int, re.search(r"#SBATCH --array=(\d+)-(\d+)", script).groups())
+    command = shlex.split(next(line for line in script.splitlines() if line.startswith("srun ")))[1:]
+    assert command[command.index("--shard") + 1] == f"auto/{high - low + 1}"
+    for task in range(low, high + 1):
+        args = ["tiny.toml" if arg.endswith(".toml") else arg for arg in command[1:]]
+        result = runner.invoke(app, [*args, "--out", f"slurm/shard{task}"],
+                               env={"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_MIN": str(low),
+                                    "SPECBENCH_HOST": f"node-{task}"})
+        assert result.exit_code == 0, result.output
+    wrapped = shlex.split(re.search(r'--wrap "(.*)"', merge_line).group(1))
+    assert wrapped[:2] == ["specbench", "merge"]
+    folders = sorted(str(path) for path in (tmp_path / "slurm").iterdir())
+    result = runner.invoke(app, ["merge", *folders, "--out", "merged"])
+    assert result.exit_code == 0, result.output
+    merged = pd.read_parquet(tmp_path / "merged" / "points.parquet")
+    assert set(merged["host"]) == {f"node-{task}" for task in range(low, high + 1)}
