@@ -171,3 +171,26 @@ def test_the_kubernetes_and_slurm_examples_run_their_command_with_a_local_index(
     assert result.exit_code == 0, result.output
     merged = pd.read_parquet(tmp_path / "merged" / "points.parquet")
     assert set(merged["host"]) == {f"node-{task}" for task in range(low, high + 1)}
+
+
+def test_capacity_searches_merge_with_each_hosts_baseline_named(tmp_path, models_dir, monkeypatch):
+    from specbench.capacity.document import CapacityEntry, read_capacity, write_capacity
+    from test_capacity_document import document, entry
+
+    monkeypatch.chdir(tmp_path)
+    write_project(tmp_path, profile=tiny_profile(gamma=(2,), temperature=(0.0,), max_new_tokens=6, repeats=1,
+                                                 warmup=0), prompts=PROMPTS, models=models_dir)
+    folders = []
+    for index, host in ((1, "box-a"), (2, "box-b")):
+        result = CliRunner().invoke(app, ["run", "tiny.toml", "--shard", f"{index}/2"], env={"SPECBENCH_HOST": host})
+        assert result.exit_code == 0, result.output
+        folders.append(tmp_path / "results" / f"tiny-shard{index}of2")
+    write_capacity(document(entry("baseline", 1.0, 1.2), entry("ngram γ2", 1.5, 1.7)), folders[0])
+    write_capacity(document(entry("baseline", 0.8, 1.0), entry("close γ2", 0.6, 0.8)), folders[1])
+    result = CliRunner().invoke(app, ["merge", *map(str, folders), "--out", "merged"])
+    assert result.exit_code == 0, result.output
+    merged = {e.configuration: e for e in read_capacity(tmp_path / "merged" / "capacity.json").configurations}
+    assert set(merged) == {"baseline @box-a", "baseline @box-b", "ngram γ2", "close γ2"}
+    assert merged["ngram γ2"].gain_vs_baseline == pytest.approx(0.5)  # against box-a's baseline, as measured there
+    assert merged["close γ2"].gain_vs_baseline == pytest.approx(-0.25)  # against box-b's
+    assert isinstance(merged["baseline @box-b"], CapacityEntry)

@@ -1,21 +1,21 @@
 """`specbench merge DIR... --out OUT`: the folders of one profile's shards (or of one profile run on several boxes)
 as one result set. Every row keeps the speedup its own folder computed against its own baseline (never another
 machine's); `host` and `shard` say where each ran. A point id held by several folders (every shard measures its own
-baselines) becomes `<id>@<host>` in each. Folders of another profile or target are refused in one line, before
+baselines) becomes `<id>@<host>` in each, and so does a capacity search's configuration that several folders hold (each
+shard searches its own baseline's capacity; every gain stays against its own host's). Folders of another profile or target are refused in one line, before
 anything is written; a shard missing from the set, or one that has not finished, is said."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
 from specbench.core import results
 from specbench.core.errors import OneLineError
+from specbench.capacity.document import CAPACITY_FILE, CapacityFileError, read_capacity, write_capacity
 from specbench.core.manifest import MANIFEST_FILE, Manifest, ManifestError, read_manifest, write_manifest
-
-CAPACITY_FILE = "capacity.json"
 
 
 class MergeError(OneLineError, ValueError):
@@ -98,8 +98,6 @@ def check_parts(parts: list[Part]) -> list[str]:
         if planned - set(part.points["point_id"]):
             notes.append(f"{part.path}: {len(planned - set(part.points['point_id']))} of its planned points not "
                          "recorded")
-        if (part.path / CAPACITY_FILE).exists():
-            notes.append(f"{part.path}: its {CAPACITY_FILE} stays in its folder (capacity searches are not merged)")
     return notes
 
 
@@ -127,6 +125,9 @@ def merge(folders: list[Path], *, out: Path) -> Merged:
     out.mkdir(parents=True, exist_ok=True)
     results.write_parquet_atomic(merged_requests, out / results.REQUESTS_FILE)
     results.write_parquet_atomic(merged_points, out / results.POINTS_FILE)
+    capacity = _merged_capacity(parts)
+    if capacity is not None:
+        write_capacity(capacity, out)
     manifest = parts[0].manifest
     manifest.shard = None
     manifest.status = "complete" if all(part.manifest.status == "complete" for part in parts) and not notes else \
@@ -135,3 +136,23 @@ def merge(folders: list[Path], *, out: Path) -> Merged:
                         "status": part.manifest.status} for part in parts]
     write_manifest(manifest, out / MANIFEST_FILE)
     return Merged(out, len(merged_points), len(merged_requests), notes)
+
+
+def _merged_capacity(parts: list[Part]):
+    """Every folder's capacity.json entries in one document (None where no folder has one)."""
+    documents = []
+    for part in parts:
+        if (part.path / CAPACITY_FILE).exists():
+            try:
+                documents.append((part, read_capacity(part.path / CAPACITY_FILE)))
+            except CapacityFileError as error:
+                raise MergeError(f"{part.path}: {error}") from None
+    if not documents:
+        return None
+    keys = [(e.configuration, e.temperature, e.top_p, e.axis) for _, document in documents
+            for e in document.configurations]
+    shared = {key for key in keys if keys.count(key) > 1}
+    entries = [replace(entry, configuration=f"{entry.configuration} @{part.host}")
+               if (entry.configuration, entry.temperature, entry.top_p, entry.axis) in shared else entry
+               for part, document in documents for entry in document.configurations]
+    return replace(documents[0][1], configurations=tuple(entries))
