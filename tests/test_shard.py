@@ -194,3 +194,20 @@ def test_capacity_searches_merge_with_each_hosts_baseline_named(tmp_path, models
     assert merged["ngram γ2"].gain_vs_baseline == pytest.approx(0.5)  # against box-a's baseline, as measured there
     assert merged["close γ2"].gain_vs_baseline == pytest.approx(-0.25)  # against box-b's
     assert isinstance(merged["baseline @box-b"], CapacityEntry)
+
+
+def test_tune_replays_a_shard_and_refuses_a_merge_of_several_hosts(tmp_path, models_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_project(tmp_path, profile=tiny_profile(gamma=(2, 3), temperature=(0.0,), max_new_tokens=6, repeats=1,
+                                                 warmup=0), prompts=PROMPTS, models=models_dir)
+    runner = CliRunner()
+    for index, host in ((1, "box-a"), (2, "box-b")):
+        assert runner.invoke(app, ["run", "tiny.toml", "--shard", f"{index}/2"],
+                             env={"SPECBENCH_HOST": host}).exit_code == 0
+    folders = [str(tmp_path / "results" / f"tiny-shard{i}of2") for i in (1, 2)]
+    assert runner.invoke(app, ["merge", *folders, "--out", "merged"]).exit_code == 0
+    result = runner.invoke(app, ["tune", "--replay", "merged", "--trials", "2"])
+    assert result.exit_code == 2 and "a merged folder of 2 hosts (box-a, box-b)" in result.output
+    result = runner.invoke(app, ["tune", "--replay", folders[0], "--trials", "2", "--out", "tuned"])
+    assert result.exit_code in (0, 1), result.output  # a shard's own folder replays (1: nothing recommended)
+    assert (tmp_path / "tuned" / "recommendation.json").exists()

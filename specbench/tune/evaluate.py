@@ -118,6 +118,11 @@ class Replay:
             self.profile: Profile = profile_from_dict(tomllib.loads(manifest.profile_toml))
         except (ManifestError, tomllib.TOMLDecodeError, ProfileError) as error:
             raise TuneError(f"--replay {folder}: manifest.json: its profile cannot be used: {error}") from None
+        hosts = sorted(points["host"].dropna().unique()) if "host" in points else []
+        if len(hosts) > 1:  # `specbench merge` of several machines: a trial's speedup needs its own host's baseline
+            raise TuneError(f"--replay {folder}: a merged folder of {len(hosts)} hosts ({', '.join(hosts)}); a replay "
+                            "pairs every trial with one baseline, and a speedup across machines means nothing: replay "
+                            "one shard's folder (each holds its own baselines)")
         self.folder = folder
         self.points = points[points["status"] == "ok"]
         self.requests = requests
