@@ -211,3 +211,33 @@ def test_tune_replays_a_shard_and_refuses_a_merge_of_several_hosts(tmp_path, mod
     result = runner.invoke(app, ["tune", "--replay", folders[0], "--trials", "2", "--out", "tuned"])
     assert result.exit_code in (0, 1), result.output  # a shard's own folder replays (1: nothing recommended)
     assert (tmp_path / "tuned" / "recommendation.json").exists()
+
+
+def test_a_shard_killed_mid_sweep_resumes_its_own_points_once(tmp_path, models_dir):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    write_project(tmp_path, profile=tiny_profile(gamma=(1, 2, 3), temperature=(0.0, 0.8), max_new_tokens=16),
+                  prompts=PROMPTS, models=models_dir)
+    out = tmp_path / "results" / "tiny-shard2of2"
+    command = [sys.executable, "-m", "specbench.cli", "run", "tiny.toml", "--shard", "2/2"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        points = pd.read_parquet(out / "points.parquet") if (out / "points.parquet").exists() else None
+        if points is not None and len(points) >= 2:
+            break
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    planned = json.loads((out / "manifest.json").read_text())["shard"]["points"]
+    assert 2 <= len(pd.read_parquet(out / "points.parquet")) < len(planned), "the kill should land mid-shard"
+    rerun = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    points, requests = pd.read_parquet(out / "points.parquet"), pd.read_parquet(out / "requests.parquet")
+    assert sorted(points["point_id"]) == sorted(planned) and (points["status"] == "ok").all()
+    assert not requests.duplicated(["point_id", "request_id"]).any()
+    assert (requests.groupby("point_id").size() == len(PROMPTS) * 2).all()
