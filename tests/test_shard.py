@@ -96,6 +96,9 @@ def test_two_shards_on_two_hosts_merge_into_one_runs_points(tmp_path, models_dir
     report = runner.invoke(app, ["report", "merged", "--format", "json"])
     assert report.exit_code == 0, report.output
     assert {row["point_id"] for row in json.loads(report.output)["points"]} == expected
+    assert {row["host"] for row in json.loads(report.output)["points"]} == {"box-a", "box-b"}
+    shown = runner.invoke(app, ["report", "merged"], env={"COLUMNS": "200"}).output
+    assert "host" in shown and "box-b" in shown
 
     # bad input: one line, exit 2, nothing written
     result = runner.invoke(app, ["merge", str(folders[0]), "--out", "one"])

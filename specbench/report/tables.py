@@ -156,7 +156,7 @@ def points_table(points: pd.DataFrame, *, run: str, sort: str = "speedup", top: 
               for _, group in labelled.groupby(["temperature", "top_p"], sort=True)]
     if not groups:
         return pd.DataFrame(columns=TABLE_COLUMNS)
-    engine = [name for name in ENGINE_COLUMNS if name in points and points[name].notna().any()]
+    engine = [name for name in (*ENGINE_COLUMNS, "host") if name in points and points[name].notna().any()]
     return pd.concat(groups)[[*TABLE_COLUMNS, *engine]].reset_index(drop=True)
 
 
@@ -175,10 +175,11 @@ def display_points(table: pd.DataFrame) -> pd.DataFrame:
         fmt(row["ttft_ms_p50"], ".1f"),
         fmt(row["peak_memory_mb"], ".0f"),
         *(fmt(row[name], ENGINE_COLUMNS[name][1]) for name in engine),
+        *([str(row["host"])] if "host" in table else []),  # a merge of shards: where the point ran
         row["status"],
     ) for row in table.to_dict("records")]
     return pd.DataFrame(rows, columns=[*DISPLAY_COLUMNS[:-1], *(ENGINE_COLUMNS[name][0] for name in engine),
-                                       DISPLAY_COLUMNS[-1]])
+                                       *(["host"] if "host" in table else []), DISPLAY_COLUMNS[-1]])
 
 
 def _missing(value: object) -> bool:
