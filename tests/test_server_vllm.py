@@ -104,6 +104,8 @@ def test_a_self_draft_accepts_everything_by_vllms_own_per_request_counts(sweep):
         assert row["engine_accepted_tokens"] == mine["accepted_tokens"].sum() > 0, point_id
         assert row["engine_draft_tokens"] == mine["drafted_tokens"].sum(), point_id
         assert row["acceptance_rate"] >= 0.99, point_id  # measured 1.00 here: lower means the accounting is wrong
+        # a draft model drafts gamma every pass: its drafted tokens over its passes (the what-if prices proposals by it)
+        assert 2.5 <= row["drafted_per_step"] <= 3.0, point_id
         # everything accepted: a request of d tokens after its first takes ceil(d / 4) target passes (the last may
         # be short: 15 tokens take 4, 3.75 per pass)
         decode = requests.loc[requests["point_id"] == point_id, "output_tokens"] - 1

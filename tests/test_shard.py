@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
+import tomllib
 from pathlib import Path
 
 import pandas as pd
@@ -63,15 +65,25 @@ def test_the_index_comes_from_the_scheduler_or_is_refused_in_one_line():
             parse_shard(text, {})
 
 
-def test_two_shards_on_two_hosts_merge_into_one_runs_points(tmp_path, models_dir, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    write_project(tmp_path, profile=tiny_profile(gamma=(2, 3), temperature=(0.0,), max_new_tokens=12, repeats=1,
-                                                 warmup=0), prompts=PROMPTS, models=models_dir)
-    runner = CliRunner()
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, models_dir):
+    """A tiny project run as shards 1/2 on "box-a" and 2/2 on "box-b" (their host names), once for the module:
+    (the project folder, the two shard folders). Tests copy a folder before changing it."""
+    project = write_project(tmp_path_factory.mktemp("shards"), prompts=PROMPTS, models=models_dir,
+                            profile=tiny_profile(gamma=(2, 3), temperature=(0.0,), max_new_tokens=12, repeats=1,
+                                                 warmup=0))
+    folders = [project / "results" / f"tiny-shard{i}of2" for i in (1, 2)]
     for index, host in ((1, "box-a"), (2, "box-b")):
-        result = runner.invoke(app, ["run", "tiny.toml", "--shard", f"{index}/2"], env={"SPECBENCH_HOST": host})
+        result = CliRunner().invoke(app, ["run", str(project / "tiny.toml"), "--shard", f"{index}/2", "--out",
+                                          str(folders[index - 1])], env={"SPECBENCH_HOST": host})
         assert result.exit_code == 0, result.output
-    folders = [tmp_path / "results" / f"tiny-shard{i}of2" for i in (1, 2)]
+    return project, folders
+
+
+def test_two_shards_on_two_hosts_merge_into_one_runs_points(shards, tmp_path, monkeypatch):
+    project, folders = shards
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
     manifests = [json.loads((folder / "manifest.json").read_text()) for folder in folders]
     assert [m["shard"]["host"] for m in manifests] == ["box-a", "box-b"]
     parts = [pd.read_parquet(folder / "points.parquet") for folder in folders]
@@ -83,7 +95,7 @@ def test_two_shards_on_two_hosts_merge_into_one_runs_points(tmp_path, models_dir
     assert result.exit_code == 0, result.output
     merged = pd.read_parquet(tmp_path / "merged" / "points.parquet")
     whole = {spec.point_id for spec in plan_points(profile_from_dict(
-        __import__("tomllib").loads((tmp_path / "tiny.toml").read_text()), source=tmp_path / "tiny.toml"))}
+        tomllib.loads((project / "tiny.toml").read_text()), source=project / "tiny.toml"))}
     expected = (whole - {"baseline-t0-p1"}) | {"baseline-t0-p1@box-a", "baseline-t0-p1@box-b"}
     assert set(merged["point_id"]) == expected and merged["point_id"].is_unique
     for part, host in zip(parts, ("box-a", "box-b")):  # every speedup is its own host's
@@ -112,9 +124,9 @@ def test_two_shards_on_two_hosts_merge_into_one_runs_points(tmp_path, models_dir
     (other / "manifest.json").write_text(json.dumps(manifest))
     result = runner.invoke(app, ["merge", str(folders[0]), str(other), "--out", "mixed"])
     assert result.exit_code == 2 and "someone/else" in result.output and not (tmp_path / "mixed").exists()
-    result = runner.invoke(app, ["merge", str(folders[0]), "--out", "missing", str(tmp_path / "results" / "tiny-shard1of2")])
+    result = runner.invoke(app, ["merge", str(folders[0]), "--out", "missing", str(folders[0])])
     assert result.exit_code == 2 and "given twice" in result.output
-    result = runner.invoke(app, ["run", "tiny.toml", "--shard", "2/2", "--out", str(folders[0])])
+    result = runner.invoke(app, ["run", str(project / "tiny.toml"), "--shard", "2/2", "--out", str(folders[0])])
     assert result.exit_code == 2 and "holds shard 1/2, this is shard 2/2" in result.output
 
 
@@ -176,42 +188,29 @@ def test_the_kubernetes_and_slurm_examples_run_their_command_with_a_local_index(
     assert set(merged["host"]) == {f"node-{task}" for task in range(low, high + 1)}
 
 
-def test_capacity_searches_merge_with_each_hosts_baseline_named(tmp_path, models_dir, monkeypatch):
-    from specbench.capacity.document import CapacityEntry, read_capacity, write_capacity
+def test_capacity_searches_merge_with_each_hosts_baseline_named(shards, tmp_path):
+    from specbench.capacity.document import read_capacity, write_capacity
     from test_capacity_document import document, entry
 
-    monkeypatch.chdir(tmp_path)
-    write_project(tmp_path, profile=tiny_profile(gamma=(2,), temperature=(0.0,), max_new_tokens=6, repeats=1,
-                                                 warmup=0), prompts=PROMPTS, models=models_dir)
-    folders = []
-    for index, host in ((1, "box-a"), (2, "box-b")):
-        result = CliRunner().invoke(app, ["run", "tiny.toml", "--shard", f"{index}/2"], env={"SPECBENCH_HOST": host})
-        assert result.exit_code == 0, result.output
-        folders.append(tmp_path / "results" / f"tiny-shard{index}of2")
+    folders = [Path(shutil.copytree(folder, tmp_path / folder.name)) for folder in shards[1]]
     write_capacity(document(entry("baseline", 1.0, 1.2), entry("ngram γ2", 1.5, 1.7)), folders[0])
     write_capacity(document(entry("baseline", 0.8, 1.0), entry("close γ2", 0.6, 0.8)), folders[1])
-    result = CliRunner().invoke(app, ["merge", *map(str, folders), "--out", "merged"])
+    result = CliRunner().invoke(app, ["merge", *map(str, folders), "--out", str(tmp_path / "merged")])
     assert result.exit_code == 0, result.output
     merged = {e.configuration: e for e in read_capacity(tmp_path / "merged" / "capacity.json").configurations}
     assert set(merged) == {"baseline @box-a", "baseline @box-b", "ngram γ2", "close γ2"}
     assert merged["ngram γ2"].gain_vs_baseline == pytest.approx(0.5)  # against box-a's baseline, as measured there
     assert merged["close γ2"].gain_vs_baseline == pytest.approx(-0.25)  # against box-b's
-    assert isinstance(merged["baseline @box-b"], CapacityEntry)
 
 
-def test_tune_replays_a_shard_and_refuses_a_merge_of_several_hosts(tmp_path, models_dir, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    write_project(tmp_path, profile=tiny_profile(gamma=(2, 3), temperature=(0.0,), max_new_tokens=6, repeats=1,
-                                                 warmup=0), prompts=PROMPTS, models=models_dir)
+def test_tune_replays_a_shard_and_refuses_a_merge_of_several_hosts(shards, tmp_path):
+    folders = [str(folder) for folder in shards[1]]
     runner = CliRunner()
-    for index, host in ((1, "box-a"), (2, "box-b")):
-        assert runner.invoke(app, ["run", "tiny.toml", "--shard", f"{index}/2"],
-                             env={"SPECBENCH_HOST": host}).exit_code == 0
-    folders = [str(tmp_path / "results" / f"tiny-shard{i}of2") for i in (1, 2)]
-    assert runner.invoke(app, ["merge", *folders, "--out", "merged"]).exit_code == 0
-    result = runner.invoke(app, ["tune", "--replay", "merged", "--trials", "2"])
+    assert runner.invoke(app, ["merge", *folders, "--out", str(tmp_path / "merged")]).exit_code == 0
+    result = runner.invoke(app, ["tune", "--replay", str(tmp_path / "merged"), "--trials", "2", "--out",
+                                 str(tmp_path / "refused")])
     assert result.exit_code == 2 and "a merged folder of 2 hosts (box-a, box-b)" in result.output
-    result = runner.invoke(app, ["tune", "--replay", folders[0], "--trials", "2", "--out", "tuned"])
+    result = runner.invoke(app, ["tune", "--replay", folders[0], "--trials", "2", "--out", str(tmp_path / "tuned")])
     assert result.exit_code in (0, 1), result.output  # a shard's own folder replays (1: nothing recommended)
     assert (tmp_path / "tuned" / "recommendation.json").exists()
 

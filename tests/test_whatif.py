@@ -5,6 +5,7 @@ surface's fit, break-even and predictions from acceptance measured elsewhere."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.core import imposed, whatif
+from specbench.core.stats import StepModel
 from specbench.decoding.decode import generate
 from specbench.decoding.proposers import DraftModelProposer, NgramProposer
 from specbench.profile import profile_from_dict
@@ -59,7 +61,7 @@ def test_native_imposed_on_a_lookup_applies_to_the_positions_it_drafted(target):
 def test_imposed_rates_that_decrease_and_lengths_that_become_geometric():
     assert imposed.rates_at((0.9, 0.6, 0.3), 2) == (0.9, 0.6)
     rates = imposed.rates_at(2.2, 3)
-    assert imposed.tokens_per_step(rates) == pytest.approx(2.2, abs=1e-4)
+    assert StepModel((1.0,) * 3, rates).tokens_per_step() == pytest.approx(2.2, abs=1e-4)
     assert rates[1] == pytest.approx(rates[0] ** 2, abs=1e-5)
     assert imposed.entry_problem(4.5, 3, largest=3) is not None and imposed.entry_problem(4.0, 3, largest=3) is None
     assert imposed.entry_problem((0.9, 0.8), 1, largest=3) is not None
@@ -136,7 +138,7 @@ def test_break_even_finds_where_the_model_pays_with_an_interval_around_it():
     assert found.verdict == "pays above"
     assert found.length == pytest.approx(1.6 / 0.9, rel=0.05)  # d / (1 - c)
     assert found.length_low < found.length < found.length_high
-    assert imposed.tokens_per_step([found.alpha ** (i + 1) for i in range(3)]) == pytest.approx(found.length, rel=1e-3)
+    assert StepModel.geometric(alpha=found.alpha, gamma=3).tokens_per_step() == pytest.approx(found.length, rel=1e-3)
     never = whatif.break_even(next(iter(whatif.fit_surface(_surface(c=0.3, d=3.5)).values())), 3)
     assert never.verdict == "never pays" and never.length is None
 
@@ -228,6 +230,26 @@ def test_a_native_run_mixing_synthetic_and_real_points_keeps_them_apart(tmp_path
     result = CliRunner().invoke(app, ["report", "results/tiny", "--acceptance-from", str(other), "--format", "json",
                                       "--out", str(bad)])
     assert result.exit_code == 2 and "someone/else" in result.output and not bad.exists()
+    real = tmp_path / "real"  # a surface without imposed points cannot predict
+    real.mkdir()
+    frame = pd.read_parquet(tmp_path / "results" / "tiny" / "points.parquet")
+    frame[frame["imposed_acceptance"].isna()].to_parquet(real / "points.parquet")
+    (real / "requests.parquet").write_bytes((tmp_path / "results" / "tiny" / "requests.parquet").read_bytes())
+    result = CliRunner().invoke(app, ["report", str(real), "--acceptance-from", "results/tiny"])
+    assert result.exit_code == 2 and "imposed acceptance" in result.output
+
+    # a point that kept other than was imposed is unstable and says what it kept: its rows summarised as if 0.3, 0.1
+    # had been imposed where 0.9, 0.6 was
+    from specbench.core.results import PointSpec
+    from specbench.core.summary import summarize
+    requests = pd.read_parquet(tmp_path / "results" / "tiny" / "requests.parquet")
+    specs = [PointSpec.from_row(row) for row in frame.to_dict("records")]
+    specs = [replace(spec, imposed_acceptance="0.3,0.1") if spec.point_id == "close-g2-syn1-t0-p1" else spec
+             for spec in specs]
+    rows = summarize(specs, requests, failures={}, context={}).set_index("point_id")
+    assert rows.loc["close-g2-syn1-t0-p1", "unstable"]
+    assert "where 0.3 was imposed" in rows.loc["close-g2-syn1-t0-p1", "unstable_reason"]
+    assert not rows.loc["close-g2-syn2-t0-p1", "unstable"]
 
 
 def test_a_point_that_kept_other_than_what_was_imposed_is_said():
@@ -264,3 +286,10 @@ def test_a_source_that_drafts_fewer_per_pass_is_priced_at_its_own_proposals():
     truth = 1 / (c + (a + b * 1.4) / 1.5)
     assert fit.speedup(1.5, 1.4) == pytest.approx(truth, rel=0.01)
     assert abs(fit.speedup(1.5) / truth - 1) > 0.05  # priced at the surface's own proposals it would be off
+
+
+def test_a_capacity_search_of_an_imposed_acceptance_is_a_configuration_of_its_own():
+    from specbench.sweep.capacity import configuration_label
+    spec = next(p for p in plan_points(profile_from_dict(_profile([[0.9, 0.7, 0.5]]))) if p.synthetic and p.gamma == 3)
+    assert configuration_label(spec) == "ngram γ3 imposed 0.9,0.7,0.5"
+    assert configuration_label(replace(spec, imposed_acceptance=None)) == "ngram γ3"

@@ -54,10 +54,6 @@ def tune(
         loaded = None
         if replay is None:
             loaded = with_overrides(load_profile(profile_path(profile)), device=device, max_prompts=max_prompts)
-            imposing = [index for index, draft in enumerate(loaded.drafts) if draft.acceptance]
-            if imposing:
-                fail(f"{profile_path(profile)}: drafts[{imposing[0]}].acceptance: tune searches real drafts; an imposed "
-                     "acceptance is a what-if for `specbench run` (remove acceptance to tune this draft)")
         elif profile is not None:
             fail("--replay uses the profile recorded in the run folder; give no PROFILE with it")
         name = loaded.name if loaded is not None else replay.name

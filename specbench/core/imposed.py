@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from specbench.core.stats import expected_tokens_per_step
+
 Entry = tuple[float, ...] | float | str  # a list of rates, a mean accepted length, or MEASURED
 MEASURED = "measured"  # an entry that runs the draft with its own acceptance, verified as always, beside the what-ifs
 
@@ -79,19 +81,11 @@ def geometric_alpha(length: float, gamma: int) -> float:
     low, high = 0.0, 1.0
     for _ in range(60):
         mid = (low + high) / 2
-        if sum(mid ** i for i in range(gamma + 1)) < target:
+        if expected_tokens_per_step(mid, gamma) < target:
             low = mid
         else:
             high = mid
     return (low + high) / 2
-
-
-def tokens_per_step(rates: Sequence[float], drafted: Sequence[float] | None = None) -> float:
-    """Expected tokens per target pass (bonus included) under unconditional `rates`: 1 + sum r_i; with `drafted`
-    (P(at least i + 1 tokens drafted), an n-gram lookup that sometimes proposes fewer) the rates apply to the
-    positions drafted: 1 + sum P(drafted > i) r_i."""
-    drafted = drafted if drafted is not None else [1.0] * len(rates)
-    return 1.0 + sum(d * r for d, r in zip(drafted, rates))
 
 
 def as_text(rates: Sequence[float]) -> str:

@@ -130,9 +130,9 @@ def _cell_fits(points: pd.DataFrame, *, seed: int) -> dict[tuple, Fit]:
             residual = _residual_sd(x, y)
             sd_y = np.full_like(y, residual if residual > 0 else 0.02 * y.mean())
         sd_y = np.where(np.isnan(sd_y), np.nanmean(sd_y), sd_y)
-        c, d = _wls(x, y, sd_y)
-        draws = y + rng.standard_normal((BOOTSTRAP, len(y))) * sd_y
-        replicates = np.array([_wls(x, row, sd_y) for row in draws])
+        projection = _wls_projection(x, sd_y)
+        c, d = projection @ y
+        replicates = (y + rng.standard_normal((BOOTSTRAP, len(y))) * sd_y) @ projection.T  # [B, 2]
         drafted = pd.to_numeric(cell.get("drafted_per_step"), errors="coerce") if "drafted_per_step" in cell else None
         fits[key] = Fit(c=c, d=d, points=len(cell), low=float(lengths.min()), high=float(lengths.max()),
                         replicates=replicates,
@@ -140,17 +140,16 @@ def _cell_fits(points: pd.DataFrame, *, seed: int) -> dict[tuple, Fit]:
     return fits
 
 
-def _wls(x: np.ndarray, y: np.ndarray, sd: np.ndarray) -> tuple[float, float]:
-    w = 1.0 / np.maximum(sd, 1e-12) ** 2
-    design = np.stack([np.ones_like(x), x], axis=1) * np.sqrt(w)[:, None]
-    (c, d), *_ = np.linalg.lstsq(design, y * np.sqrt(w), rcond=None)
-    return float(c), float(d)
+def _wls_projection(x: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """[2, n]: (c, d) of the weighted least-squares fit of y = c + d x is this matrix times y."""
+    root_w = 1.0 / np.maximum(sd, 1e-12)
+    return np.linalg.pinv(np.stack([np.ones_like(x), x], axis=1) * root_w[:, None]) * root_w[None, :]
 
 
 def _residual_sd(x: np.ndarray, y: np.ndarray) -> float:
     if len(x) <= 2:
         return 0.0
-    c, d = _wls(x, y, np.ones_like(y))
+    c, d = _wls_projection(x, np.ones_like(y)) @ y
     residuals = y - (c + d * x)
     return float(np.sqrt((residuals**2).sum() / (len(x) - 2)))
 
@@ -181,21 +180,19 @@ def break_even(fit: Fit, gamma: int) -> BreakEven:
     point = float(solve(np.array([fit.c]), np.array([fit.d]))[0])
     replicates = solve(fit.replicates[:, 0], fit.replicates[:, 1])
     low, high = (float(v) for v in np.percentile(replicates, [2.5, 97.5]))
+    alpha = imposed.geometric_alpha
     if point > top:
         return BreakEven(None, min(low, top), None, None, None, None, "never pays")
     if point <= 1.0:
-        return BreakEven(1.0, 1.0, min(high, top), 0.0, 0.0, _alpha(min(high, top), gamma), "always pays")
-    return BreakEven(point, low, min(high, top) if high <= top else None, _alpha(point, gamma), _alpha(low, gamma),
-                     _alpha(high, gamma) if high <= top else None, "pays above")
+        return BreakEven(1.0, 1.0, min(high, top), 0.0, 0.0, alpha(min(high, top), gamma), "always pays")
+    return BreakEven(point, low, min(high, top) if high <= top else None, alpha(point, gamma), alpha(low, gamma),
+                     alpha(high, gamma) if high <= top else None, "pays above")
 
 
-def _alpha(length: float, gamma: int) -> float:
-    return imposed.geometric_alpha(length, gamma)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SourceAcceptance:
-    """A draft's acceptance measured somewhere (its per-position counts over its requests), at `gamma`."""
+    """A draft's acceptance measured somewhere, at `gamma`: per request, its target passes and how many of them
+    drafted and accepted each position."""
 
     draft: str
     method: str
@@ -203,39 +200,40 @@ class SourceAcceptance:
     top_p: float
     gamma: int
     point_id: str
-    requests: pd.DataFrame  # steps, drafted_per_position, accepted_per_position per request
+    steps: np.ndarray  # [requests]
+    drafted: np.ndarray  # [requests, gamma]: passes that drafted at least position i + 1
+    accepted: np.ndarray  # [requests, gamma]: passes that accepted positions 1..i + 1
 
-    def model(self, rows: pd.DataFrame | None = None) -> StepModel:
-        rows = self.requests if rows is None else rows
-        return StepModel.from_counts(steps=int(rows["steps"].sum()),
-                                     drafted_per_position=_sum(rows["drafted_per_position"], self.gamma),
-                                     accepted_per_position=_sum(rows["accepted_per_position"], self.gamma))
+    def model(self, picks: np.ndarray | None = None) -> StepModel:
+        """The step model of every request, or of the requests `picks` (a bootstrap draw)."""
+        rows = slice(None) if picks is None else picks
+        return StepModel.from_counts(steps=int(self.steps[rows].sum()), drafted_per_position=self.drafted[rows].sum(0),
+                                     accepted_per_position=self.accepted[rows].sum(0))
 
     def lengths(self, gamma: int, *, replicates: int, rng: np.random.Generator) -> tuple[float, np.ndarray, float]:
         """Tokens per pass at `gamma` (<= the measured one): the estimate, its bootstrap over requests, and the
         tokens drafted per pass."""
         greedy = self.temperature == 0
         model = self.model().at_gamma(gamma, greedy=greedy)
-        picks = rng.integers(0, len(self.requests), size=(replicates, len(self.requests)))
-        boot = np.array([_tokens(self.model(self.requests.iloc[p]), gamma, greedy) for p in picks])
+        picks = rng.integers(0, len(self.steps), size=(replicates, len(self.steps)))
+        boot = np.array([_tokens(self.model(p), gamma, greedy) for p in picks])
         return model.tokens_per_step(), boot, model.drafted_per_step()
 
 
 def _tokens(model: StepModel, gamma: int, greedy: bool) -> float:
     try:
         return model.at_gamma(gamma, greedy=greedy).tokens_per_step()
-    except ValueError:
+    except ValueError:  # a draw of requests that never stepped
         return float("nan")
 
 
-def _sum(column: pd.Series, gamma: int) -> list[int]:
-    total = np.zeros(gamma, dtype=np.int64)
-    for value in column:
-        if value is None:
-            continue
-        array = np.asarray(value, dtype=np.int64)[:gamma]
-        total[: len(array)] += array
-    return total.tolist()
+def _per_request(column: pd.Series, gamma: int) -> np.ndarray:
+    """[requests, gamma]: each request's per-position counts, cut or padded to gamma."""
+    counts = np.zeros((len(column), gamma))
+    for row, values in enumerate(column):
+        values = np.asarray(values, dtype=float)[:gamma]
+        counts[row, : len(values)] = values
+    return counts
 
 
 def source_acceptances(points: pd.DataFrame, requests: pd.DataFrame) -> dict[tuple, list[SourceAcceptance]]:
@@ -263,12 +261,12 @@ def source_acceptances(points: pd.DataFrame, requests: pd.DataFrame) -> dict[tup
         decode = (rows["output_tokens"] - 1).clip(lower=0)
         steps = rows["target_steps"] if "target_steps" in rows and rows["target_steps"].notna().all() \
             else decode - rows["accepted_tokens"].fillna(0)
-        frame = pd.DataFrame({"steps": steps.to_numpy(float), "drafted_per_position": list(rows["drafted_per_position"]),
-                              "accepted_per_position": list(rows["accepted_per_position"])})
-        if frame["steps"].sum() <= 0:
+        if steps.sum() <= 0:
             continue
-        found.setdefault(key, []).append(SourceAcceptance(row["draft"], row["method"], key[1], key[2],
-                                                          int(row["gamma"]), row["point_id"], frame))
+        gamma = int(row["gamma"])
+        found.setdefault(key, []).append(SourceAcceptance(
+            row["draft"], row["method"], key[1], key[2], gamma, row["point_id"], steps.to_numpy(float),
+            _per_request(rows["drafted_per_position"], gamma), _per_request(rows["accepted_per_position"], gamma)))
     return found
 
 
@@ -279,7 +277,7 @@ def nearest_source(sources: list[SourceAcceptance], gamma: int) -> SourceAccepta
     return min(above, key=lambda source: source.gamma) if above else None
 
 
-def predictions(fits: dict[tuple, Fit], sources: dict[tuple, SourceAcceptance], *, seed: int = 0) -> pd.DataFrame:
+def predictions(fits: dict[tuple, Fit], sources: dict[tuple, list[SourceAcceptance]], *, seed: int = 0) -> pd.DataFrame:
     """Per surface cell whose draft, temperature and top_p have a measured acceptance at this gamma or above: the
     predicted speedup with its 95 % interval, the source's tokens per pass and drafted tokens per pass at the gamma
     beside the surface's, and whether the length lies outside what the surface measured (an extrapolation). The source

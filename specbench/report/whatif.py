@@ -25,6 +25,7 @@ class WhatIf:
     break_even: pd.DataFrame  # whatif.break_evens
     predictions: pd.DataFrame  # whatif.predictions, with the measured speedup beside where this folder has it
     source: str  # where the acceptance the predictions use was measured
+    fits: dict  # whatif.fit_surface: per cell, its fit (the plot draws them)
 
 
 SURFACE_COLUMNS = ("draft", "load", "gamma", "imposed", "measured acceptance", "tokens/pass", "drafted/pass",
@@ -58,7 +59,7 @@ def whatif_report(points: pd.DataFrame, requests: pd.DataFrame, *, source: tuple
                           "temperature and gamma this surface has (same draft names; a gamma at least as large): "
                           "run those drafts with a backend that records it (native, or vLLM 0.32+)")
     return WhatIf(surface=synthetic, break_even=whatif.break_evens(fits), predictions=_beside_measured(predicted, points),
-                  source=source_name)
+                  source=source_name, fits=fits)
 
 
 def check_source(points: pd.DataFrame, source_points: pd.DataFrame, source_name: str) -> None:
@@ -170,13 +171,12 @@ def surface_plot(what: WhatIf):
     if not keys:
         return None
     figure, axes = panels(len(keys), sharey=False)
-    fits = whatif.fit_surface(surface)
     for axis, (draft, temperature, load) in zip(axes, keys):
         mine = surface[(surface["draft"] == draft) & (surface["temperature"] == temperature)
                        & (surface.apply(_load, axis=1) == load)]
         for gamma, group in mine.groupby("gamma"):
             line = axis.plot(group["mean_accepted_length"], group["speedup"], "o", label=f"gamma {int(gamma)}")[0]
-            fit = fits.get(whatif.cell_key(group.iloc[0]))
+            fit = what.fits.get(whatif.cell_key(group.iloc[0]))
             if fit is not None:
                 lengths = np.linspace(1.0, gamma + 1.0, 50)
                 axis.plot(lengths, [fit.speedup(x) for x in lengths], "-", color=line.get_color(), alpha=0.6)

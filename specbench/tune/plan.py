@@ -108,10 +108,14 @@ def make_plan(profile: Profile | None, *, out_dir: Path, settings: TuneSettings,
             raise TuneError("--replay uses the profile recorded in the run folder; give no PROFILE with it")
         profile = Replay(replay).profile
     assert profile is not None
+    where = str(profile.source) if profile.source else "profile"
+    imposing = [index for index, draft in enumerate(profile.drafts) if draft.acceptance]
+    if imposing:
+        raise TuneError(f"{where}: drafts[{imposing[0]}].acceptance: tune searches real drafts; an imposed acceptance "
+                        "is a what-if for `specbench run` (remove acceptance to tune this draft)")
     space = space_from_profile(profile, tune_ngram=replay is None)
     base = settings.study or f"{profile.name}-{settings.objective.name}"
     groups = tuple(Group(t, p, study_name(base, t, p)) for t, p in temperature_groups(profile))
-    where = str(profile.source) if profile.source else "profile"
     levels = plan_levels(profile, settings.load_mix or profile.load.mix,
                          key="--load-mix" if settings.load_mix else f"{where}: load.mix")
     if relative := profile.slo.relative():
