@@ -4,19 +4,19 @@ __version__ = "0.1.0"
 
 
 def run(profile, *, out=None, fresh: bool = False, backend: str | None = None, device: str | None = None,
-        max_prompts: int | None = None, storage: str | None = None, study: str | None = None, workers: int = 1,
-        observer=None):
+        max_prompts: int | None = None, workers: int = 1, shard: str | None = None, observer=None):
     """Run a profile (a path or a loaded `Profile`) like `specbench run`, with the same options; returns a
     `RunResult` with `points` and `requests` DataFrames and the output folder. For notebooks and scripts."""
     from pathlib import Path
 
     from specbench.profile import Profile, load_profile, with_overrides
     from specbench.sweep import run_profile
+    from specbench.sweep.shard import parse_shard
 
     loaded = profile if isinstance(profile, Profile) else load_profile(profile)
     loaded = with_overrides(loaded, backend=backend, device=device, max_prompts=max_prompts)
-    return run_profile(loaded, out=Path(out) if out is not None else None, fresh=fresh, storage=storage, study=study,
-                       workers=workers, observer=observer)
+    return run_profile(loaded, out=Path(out) if out is not None else None, fresh=fresh, workers=workers,
+                       shard=parse_shard(shard) if shard is not None else None, observer=observer)
 
 
 def tune(profile=None, *, out=None, replay=None, device: str | None = None, max_prompts: int | None = None,

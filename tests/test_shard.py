@@ -133,6 +133,7 @@ def test_two_shards_on_two_hosts_merge_into_one_runs_points(shards, tmp_path, mo
 @pytest.mark.parametrize("args, words", [
     (["--shard", "3/2"], "must lie in 1..2"),
     (["--shard", "1/2", "--workers", "2"], "drop --workers"),
+    (["--shard", "1/2", "--storage", "postgresql://db/specbench"], "split it across machines with --shard I/N"),
 ])
 def test_a_bad_shard_is_one_line_exit_2_and_nothing_written(tmp_path, models_dir, monkeypatch, args, words):
     monkeypatch.chdir(tmp_path)
@@ -155,7 +156,7 @@ def test_the_kubernetes_and_slurm_examples_run_their_command_with_a_local_index(
     monkeypatch.chdir(tmp_path)
     write_project(tmp_path, profile=tiny_profile(gamma=(2, 3), temperature=(0.0,), max_new_tokens=8, repeats=1,
                                                  warmup=0), prompts=PROMPTS, models=models_dir)
-    (job,) = [yaml.safe_load(block) for block in _blocks("yaml")]
+    job = next(job for job in map(yaml.safe_load, _blocks("yaml")) if job["metadata"]["name"] == "specbench-sweep")
     assert job["kind"] == "Job" and job["spec"]["completionMode"] == "Indexed"
     count = job["spec"]["completions"]
     (container,) = job["spec"]["template"]["spec"]["containers"]
@@ -169,7 +170,7 @@ def test_the_kubernetes_and_slurm_examples_run_their_command_with_a_local_index(
         shard = json.loads((tmp_path / "results" / f"tiny-shard{index + 1}of{count}" / "manifest.json").read_text())
         assert shard["shard"]["index"] == index + 1 and shard["shard"]["host"] == f"pod-{index}"
 
-    script, merge_line = (block for block in _blocks("sh") if "SBATCH" in block or "sbatch" in block)
+    script, merge_line = (block for block in _blocks("sh") if "specbench-sweep" in block or "$SWEEP_JOB" in block)
     low, high = map(int, re.search(r"#SBATCH --array=(\d+)-(\d+)", script).groups())
     command = shlex.split(next(line for line in script.splitlines() if line.startswith("srun ")))[1:]
     assert command[command.index("--shard") + 1] == f"auto/{high - low + 1}"
@@ -186,6 +187,47 @@ def test_the_kubernetes_and_slurm_examples_run_their_command_with_a_local_index(
     assert result.exit_code == 0, result.output
     merged = pd.read_parquet(tmp_path / "merged" / "points.parquet")
     assert set(merged["host"]) == {f"node-{task}" for task in range(low, high + 1)}
+
+
+def test_the_kubernetes_and_slurm_tune_examples_share_one_study_then_merge(tmp_path, models_dir, monkeypatch):
+    """The shared-tune Indexed Job and job array from docs/scaleout.md: their command run as two copies would (a SQLite
+    file in place of the PostgreSQL URL, the tiny models' profile), one study with exactly --trials finished trials,
+    then the page's merge of the boxes' folders."""
+    import optuna
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    write_project(tmp_path, profile=tiny_profile(gamma=(2, 3), temperature=(0.0,), max_new_tokens=8, repeats=1,
+                                                 warmup=0), prompts=PROMPTS, models=models_dir)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    job = next(job for job in map(yaml.safe_load, _blocks("yaml")) if job["metadata"]["name"] == "specbench-tune")
+    assert job["spec"]["completionMode"] == "Indexed"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["sh", "-c"]
+    assert container["env"][0]["name"] == "SPECBENCH_STORAGE"
+    script, merge_line = (block for block in _blocks("sh") if "specbench-tune" in block or "$TUNE_JOB" in block)
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))[len("srun "):]
+    runner = CliRunner()
+    for text, variable in ((container["command"][2], "JOB_COMPLETION_INDEX"), (srun, "SLURM_ARRAY_TASK_ID")):
+        study = None
+        for index in range(4):  # the array's four copies, one after the other (the later find the study done)
+            expanded = text.replace('"$SPECBENCH_STORAGE"', storage).replace(f"${variable}", str(index))
+            args = ["tiny.toml" if arg.endswith(".toml") else arg for arg in shlex.split(expanded)[1:]]
+            assert args[0] == "tune" and "--storage" in args
+            study, trials = args[args.index("--study") + 1] + f"-{variable}", int(args[args.index("--trials") + 1])
+            args[args.index("--study") + 1] = study
+            result = runner.invoke(app, args, env={"SPECBENCH_HOST": f"box-{index}"})
+            assert result.exit_code in (0, 1), result.output  # 1: nothing recommended on the tiny models
+        finished = [t for t in optuna.load_study(study_name=f"{study}-t0-p1", storage=storage).trials
+                    if t.state.name in ("COMPLETE", "PRUNED")]
+        assert len(finished) == min(trials, 8)  # the tiny space: (n-gram sizes 1-3, the draft model) x 2 gammas
+        assert len({t.user_attrs["point_id"] for t in finished}) == len(finished)
+    wrapped = shlex.split(re.search(r'--wrap "(.*)"', merge_line).group(1))
+    assert wrapped[:2] == ["specbench", "merge"]
+    result = runner.invoke(app, wrapped[1:])
+    assert result.exit_code == 0, result.output
+    merged = pd.read_parquet(tmp_path / "results" / "tune-merged" / "points.parquet")
+    assert set(merged["host"]) == {f"box-{index}" for index in range(4)}
 
 
 def test_capacity_searches_merge_with_each_hosts_baseline_named(shards, tmp_path):

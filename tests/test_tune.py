@@ -20,7 +20,7 @@ from specbench.tune.plan import TuneSettings
 from specbench.tune.objectives import parse_objective
 from specbench.tune.runner import tune
 from specbench.tune import evaluate
-from specbench.tune.propose import Proposal, propose
+from specbench.tune.propose import Proposal, held_points, point_of, propose
 from specbench.tune.space import Config, space_from_profile
 from specbench.tune.warmstart import Calibration, predicted_speedup, verify_ms
 from tiny import tiny_profile, write_model_folder, write_project
@@ -168,7 +168,7 @@ def test_the_queue_proposes_calibration_then_warm_start_then_the_sampler_then_th
                                                   user_attrs={"role": role}))
 
     def proposed(sampled=Config("large", 2)):
-        return propose(study, space=space, sampled=lambda: sampled)
+        return propose(study, space=space, held=held_points(study.get_trials()), sampled=lambda: sampled)
 
     for config in space.calibration_configs():  # one per draft at the largest gamma, each until a trial holds it
         assert proposed() == Proposal(space.params(config), {"role": "calibration"})
@@ -188,6 +188,10 @@ def test_the_queue_proposes_calibration_then_warm_start_then_the_sampler_then_th
             add({"draft": "small", "gamma": gamma}, role="search")
     nearest = proposed(Config("small", 4))  # every gamma of the draft is held: the next draft, the same gamma
     assert nearest.params == {"draft": "large", "gamma": 4} and nearest.attrs["sampled_held_by"] == 3
+    for config in space.configs():
+        if point_of(space.params(config)) not in held_points(study.get_trials()):
+            add(space.params(config), role="search")
+    assert proposed() is None  # every configuration held: nothing to propose (the trial ends as surplus)
 
 
 def test_the_smaller_gamma_wins_a_near_tie():

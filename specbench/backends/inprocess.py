@@ -22,6 +22,7 @@ from specbench.core import gpus, results
 from specbench.backends.base import AfterPrompt, Observer, OnRequest
 from specbench.core.trace import Trace
 from specbench.core.errors import one_line
+from specbench.core.host import host_name
 from specbench.heads.reference import head_folder_reference
 from specbench.models.load import LoadedModel, check_same_vocabulary, load_model, parameter_count
 from specbench.models.registry import ModelError
@@ -306,7 +307,8 @@ def environment_base() -> dict[str, Any]:
     this process may use: model, memory, driver, CUDA, clocks, power limit and MIG mode of each (NVML)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return {"specbench": specbench.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "platform": platform.platform(), "host": host_name(),
+            "cpu_count": os.cpu_count(),
             "git_commit": _git_commit(), "gpus": [asdict(gpu) for gpu in gpus.machine_gpus(visible)],
             **({"cuda_visible_devices": visible} if visible is not None else {})}
 

@@ -25,9 +25,9 @@ def run(
     backend: Annotated[Optional[str], typer.Option(help="native (instrumented engine) or hf (transformers generate).")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
     max_prompts: Annotated[Optional[int], typer.Option(help="Use only the first N prompts of the workload.")] = None,
-    storage: Annotated[Optional[str], typer.Option(help="Share the sweep through this Optuna storage URL (postgresql://, mysql://, sqlite:///) or journal file; every process that joins runs the points not yet claimed (default with --study or --workers: study.db in the output folder).")] = None,
-    study: Annotated[Optional[str], typer.Option(help="Study name of a shared sweep (default: <profile name>-run).")] = None,
-    workers: Annotated[int, typer.Option(help="Local worker processes sharing the sweep (one per visible GPU where there are GPUs).")] = 1,
+    workers: Annotated[int, typer.Option(help="Local worker processes sharing the sweep and its folder (one per visible GPU where there are GPUs); across machines, use --shard.")] = 1,
+    storage: Annotated[Optional[str], typer.Option(hidden=True)] = None,
+    study: Annotated[Optional[str], typer.Option(hidden=True)] = None,
     usd_per_hour: Annotated[Optional[float], typer.Option(help="Price of one replica per hour (overrides [cost] usd_per_hour): the cost per 1M output tokens per point and at capacity.")] = None,
     traffic: Annotated[Optional[float], typer.Option(help="Requests/s to serve (overrides [cost] traffic_rps): the replicas each configuration needs at its capacity.")] = None,
     compiled: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Native backend: static KV caches and compiled steps (CUDA graphs on a GPU); overrides run.compile (default: on a GPU, off on a CPU).")] = None,
@@ -38,6 +38,10 @@ def run(
     from specbench.sweep import run_profile  # the sweep and its backends load only when a run starts
     from specbench.sweep.shard import parse_shard
 
+    if storage is not None or study is not None:
+        fail(f"--{'storage' if storage is not None else 'study'}: a sweep is no longer shared through an Optuna study; "
+             "split it across machines with --shard I/N (each shard its own folder and baselines), then "
+             "`specbench merge`; on one machine, --workers N")
     path = profile_path(profile)
     try:
         loaded = with_overrides(load_profile(path), backend=backend, device=device, max_prompts=max_prompts,
@@ -53,8 +57,7 @@ def run(
     out_console = console(stderr=json_output)
     try:
         with SweepProgress(out_console) as progress:
-            result = run_profile(loaded, out=out_dir, fresh=fresh, storage=storage, study=study, workers=workers,
-                                 observer=progress, shard=part)
+            result = run_profile(loaded, out=out_dir, fresh=fresh, workers=workers, observer=progress, shard=part)
     except OneLineError as error:
         fail(str(error))
     print_run_summary(out_console, result.points, str(out_dir), probes=result.capacity_probes)

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 from specbench.core.errors import OneLineError
+from specbench.core.host import host_name
 from specbench.core.results import PointSpec
 
 # where schedulers put a copy's index: Kubernetes Indexed Jobs (from 0), Slurm job arrays (from the array's minimum)
 K8S_INDEX, SLURM_INDEX, SLURM_MIN = "JOB_COMPLETION_INDEX", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN"
-HOST_ENV = "SPECBENCH_HOST"  # the machine's name as recorded (default: its host name)
 
 
 class ShardError(OneLineError, ValueError):
@@ -35,10 +34,6 @@ class Shard:
     @property
     def label(self) -> str:
         return f"{self.index}/{self.count}"
-
-
-def host_name(environ: Mapping[str, str] = os.environ) -> str:
-    return environ.get(HOST_ENV) or socket.gethostname()
 
 
 def parse_shard(text: str, environ: Mapping[str, str] = os.environ) -> Shard:

@@ -43,17 +43,16 @@ def search_baseline(study: optuna.Study, spec, search: CapacitySearch) -> dict[s
     return study.user_attrs[BASELINE_ATTR]
 
 
-def run_capacity_trial(study: optuna.Study, trial: optuna.Trial, spec, *, search: CapacitySearch,
-                       constraints) -> dict[str, Any]:
-    """One configuration's capacity search as a trial: its value the capacity, its figures those of its highest
-    passing probe, the whole search in the trial's `capacity` attr."""
+def run_capacity_trial(trial: optuna.Trial, spec, *, search: CapacitySearch,
+                       constraints) -> tuple[list[float] | None, dict[str, Any]]:
+    """One configuration's capacity search as a trial: its value the capacity (None where the search failed), its
+    figures those of its highest passing probe, the whole search in the trial's `capacity` attr."""
     entry = _plain(search.search_configuration(spec, "request_rate"))
     trial.set_user_attr("capacity", entry)
     trial.set_user_attr("evaluated", any(not p["reused"] for p in entry["probes"]))
     if entry["status"].startswith("failed"):
         trial.set_user_attr("error", entry["status"])
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        return {"number": trial.number, "point_id": spec.point_id, "state": "FAIL", "error": entry["status"]}
+        return None, {"number": trial.number, "point_id": spec.point_id, "state": "FAIL", "error": entry["status"]}
     value = float(entry["capacity"] or 0.0)
     passing = next((p for p in reversed(entry["probes"]) if p["load"] == entry["bracket_low"]), None)
     metrics = {**(search.probe_summary(passing["point_id"]) if passing else {}), "point_id": spec.point_id,
@@ -65,8 +64,8 @@ def run_capacity_trial(study: optuna.Study, trial: optuna.Trial, spec, *, search
     trial.set_user_attr("noise", float(high - low) / 2 if entry["status"] == "found" and None not in (low, high)
                         else 0.0)
     trial.set_user_attr("constraints", constraints.violations(metrics))
-    study.tell(trial, [value])
-    return {"number": trial.number, "point_id": spec.point_id, "state": "COMPLETE", "value": value, "evaluated": True}
+    return [value], {"number": trial.number, "point_id": spec.point_id, "state": "COMPLETE", "value": value,
+                     "evaluated": True}
 
 
 def capacity_recommendation(chosen: dict[str, Any] | None, baseline: dict[str, Any] | None, *,

@@ -147,19 +147,40 @@ def make_plan(profile: Profile | None, *, out_dir: Path, settings: TuneSettings,
 
 
 def clear(plan: Plan) -> None:
-    """--fresh: drop this tune's studies and files (the run's own files too, unless replaying)."""
-    if plan.settings.storage is None:
-        (plan.out_dir / DEFAULT_STORAGE_FILE).unlink(missing_ok=True)
-    else:
+    """--fresh: drop this tune's studies and files (the run's own files too, unless replaying); refused while a trial of
+    another worker runs in them (a late box must not delete the study the others work in)."""
+    if plan.settings.storage is not None or (plan.out_dir / DEFAULT_STORAGE_FILE).exists():
         storage = open_storage(plan.storage_url)
-        for group in plan.groups:
-            delete_study(storage, group.study)
+        names = [group.study for group in plan.groups] + [f"{plan.groups[0].study}-verification"]
+        for name in names:
+            running = running_elsewhere(storage, name)
+            if running:
+                raise TuneError(f"--fresh: study {name!r} has {len(running)} trial(s) running (worker "
+                                f"{running[0].user_attrs.get('worker', '?')}); let the tune finish or stop its workers "
+                                "first, or use --study NAME for a new study")
+        if plan.settings.storage is None:
+            (plan.out_dir / DEFAULT_STORAGE_FILE).unlink(missing_ok=True)
+        else:
+            for name in names:
+                delete_study(storage, name)
     names = [TRIALS_FILE, RECOMMENDATION_FILE, RECOMMENDATION_TOML]
     if plan.replay is None:
         names += [results.REQUESTS_FILE, results.POINTS_FILE, MANIFEST_FILE]
     for name in names:
         (plan.out_dir / name).unlink(missing_ok=True)
     if plan.replay is None:
-        shutil.rmtree(plan.out_dir / "verify", ignore_errors=True)  # the verification run of an earlier recommendation
+        shutil.rmtree(plan.out_dir / "verify", ignore_errors=True)  # the verification of an earlier recommendation
+
+
+def running_elsewhere(storage, name: str) -> list:
+    """The trials of study `name` still running once those whose heartbeats stopped are failed."""
+    import optuna
+
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return []
+    optuna.storages.fail_stale_trials(study)
+    return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
 
 

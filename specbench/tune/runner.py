@@ -1,11 +1,11 @@
 """`specbench tune`: plan the studies, run the search in one or more workers, write what it found.
 
-One study per temperature (and top_p). A worker measures the baseline, then asks for trials: each runs
-the first point of the queue of `propose` that no trial holds (one calibration point per draft at the
-largest gamma, then the configurations the analytic model predicts best), else what the seeded TPE sampler
-proposes, or the untried configuration nearest to it when that one is held already; every trial goes
-through the claim rule of `specbench.scaleout.claims`, so workers in any number of processes and machines
-share a study with no point run twice. A study ends at its trials, or when every configuration is held.
+One study per temperature (and top_p). A worker measures the baseline, then runs Optuna's optimisation loop on the
+study (`tune.shared`): each trial runs the first point of the queue of `propose` that no trial holds (one calibration
+point per draft at the largest gamma, then the configurations the analytic model predicts best), else what the seeded
+TPE sampler proposes, or the untried configuration nearest to it when that one is held already. Workers in any number
+of processes and machines share a study through an RDB storage (PostgreSQL across machines): no point run twice, the
+budget exact, a trial whose worker died retried elsewhere, the verification run once.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any, Protocol
 import optuna
 import pandas as pd
 from optuna.storages import BaseStorage
-from optuna.trial import TrialState
 
 from specbench.core.manifest import MANIFEST_FILE
 from specbench.core import results
@@ -25,10 +24,8 @@ from specbench.profile import Profile
 from specbench.sweep import RunFiles
 from specbench.sweep.context import open_run
 from specbench.sweep.loop import SilentObserver
-from specbench.scaleout.claims import claims, verdict
-from specbench.scaleout.liveness import (
-    Heartbeat, asked, fail_stale_trials, new_worker_id, others_running, release, wait_for_others,
-)
+from specbench.core import progress
+from specbench.core.host import host_name
 from specbench.scaleout.storage import open_storage, open_study, quiet_optuna
 from specbench.scaleout.workers import run_workers
 from specbench.tune import outputs
@@ -37,7 +34,8 @@ from specbench.tune.evaluate import Evaluator, Live, Pruned, Replay
 from specbench.tune.load import IDENTITY_COLUMNS, level_entry, mix_value
 from specbench.tune.measure import NotMeasured, measure
 from specbench.tune.plan import Group, Plan, TuneResult, TuneSettings, clear, make_plan
-from specbench.tune.propose import QueueFirst, record_warm_start
+from specbench.tune.propose import QueueFirst, held_points, record_warm_start
+from specbench.tune.shared import PointFailed, fix_point, optimize, verify_once
 from specbench.tune.verify import VERIFY_DIR, VerifyProgress, skip_reason, verify
 from specbench.tune.warmstart import calibrate
 
@@ -64,20 +62,39 @@ def tune(profile: Profile | None, *, out_dir: Path, settings: TuneSettings, repl
     else:
         run_workers(_worker_main, plan, workers=settings.workers, observer=observer)
     result = finish(plan)
-    if skip_reason(plan) is None:
+    if skip_reason(plan) is not None:
+        return verify(plan, result, observer=VerifyProgress(observer))
+    verified: dict[str, TuneResult] = {}
+
+    def run_verification() -> None:
         observer.message("verifying the recommendation: launching it at every load level beside the single setting "
                          f"and the baseline (into {plan.out_dir / VERIFY_DIR})")
-    return verify(plan, result, observer=VerifyProgress(observer))
+        verified["result"] = verify(plan, result, observer=VerifyProgress(observer))
+
+    holder = verify_once(open_storage(plan.storage_url), f"{plan.groups[0].study}-verification",
+                         worker=worker_id(0), run=run_verification)
+    if holder is not None:
+        observer.message(f"verification: run once for the study, by worker {holder} (into its own output folder)")
+        return verify(plan, result, observer=VerifyProgress(observer), elsewhere=holder)
+    return verified["result"]
 
 
 def _worker_main(plan: Plan, index: int) -> None:
     work(plan, worker_index=index, observer=SilentObserver())
 
 
+def worker_id(index: int) -> str:
+    """host:pid/index, stored with each trial: where it ran."""
+    import os
+
+    return f"{host_name()}:{os.getpid()}/{index}"
+
+
 def work(plan: Plan, *, worker_index: int, observer: TuneObserver) -> None:
-    """One worker: every study of the plan, until each has its trials."""
+    """One worker: every study of the plan, until each has its trials and no trial of any worker runs or waits."""
     quiet_optuna()
-    worker = new_worker_id()
+    progress.mark()
+    worker = worker_id(worker_index)
     evaluator = _evaluator(plan, observer)
     storage = open_storage(plan.storage_url)
     capacity = capacity_search(evaluator, observer) if plan.settings.objective.name == "capacity" else None
@@ -86,7 +103,6 @@ def work(plan: Plan, *, worker_index: int, observer: TuneObserver) -> None:
             sampler = _sampler(plan, worker_index)
             study = open_study(storage, group.study, plan.attrs(group),
                                directions=list(plan.settings.objective.directions), sampler=sampler, pruner=_pruner(plan))
-            fail_stale_trials(study, storage, worker=worker)
             baselines = _baselines(study, group, plan=plan, evaluator=evaluator)
             if capacity is not None:
                 search_baseline(study, baselines[0][0].at_load(concurrency=1), capacity)
@@ -129,11 +145,19 @@ def _sampler(plan: Plan, worker_index: int) -> QueueFirst:
     constraints = plan.settings.constraints
     has_constraints = constraints.max_peak_memory_mb is not None or constraints.min_acceptance_rate is not None
     tpe = optuna.samplers.TPESampler(
-        seed=plan.settings.seed + 1000 * worker_index, n_startup_trials=len(plan.space.drafts), multivariate=True,
-        group=True,
+        seed=sampler_seed(plan.settings.seed, host=host_name(), index=worker_index, shared=plan.settings.storage is not None),
+        n_startup_trials=len(plan.space.drafts), multivariate=True, group=True,
         constraints_func=_constraint_values if has_constraints else None,
     )
     return QueueFirst(plan.space, tpe)
+
+
+def sampler_seed(seed: int, *, host: str, index: int, shared: bool) -> int:
+    """Each worker's own seed: the local workers' by their index, and on a storage shared across machines by the host
+    too, so boxes do not all propose the same points (a point two propose is run once anyway)."""
+    import zlib
+
+    return seed + 1000 * index + (zlib.crc32(host.encode()) % 1_000_003 * 1000 if shared else 0)
 
 
 def _constraint_values(trial: optuna.trial.FrozenTrial) -> list[float]:
@@ -149,54 +173,46 @@ def _pruner(plan: Plan) -> optuna.pruners.BasePruner:
 
 def _search(study: optuna.Study, storage: BaseStorage, group: Group, *, plan: Plan, sampler: QueueFirst,
             evaluator: Evaluator, worker: str, baselines: list[tuple], observer: TuneObserver, capacity=None) -> None:
-    """Ask for trials until the budget is claimed, or every configuration is held, and no other worker's trial
-    is left running (one whose worker died gives its point back, and the budget, to this worker)."""
+    """Optuna's loop on the study until its budget is held, or every configuration is, and no trial of any worker is
+    left running or waiting for a retry (a trial whose worker died is retried by whoever is left)."""
     size = len(plan.space.configs())
     budget = min(plan.settings.trials, size)
-    while True:
-        held = claims(study.get_trials(deepcopy=False), budget=budget)
-        if held.counted >= budget or len(held.points) >= size:
-            if not others_running(study, storage, worker=worker):
-                if len(held.points) >= size:
-                    observer.message(f"{group.study}: every one of the {size} configurations of the search space "
-                                     "has been evaluated; nothing is left to try")
-                return
-            wait_for_others(study, storage, worker=worker)
-            continue
+
+    def objective(trial: optuna.Trial):
         record_warm_start(study, space=plan.space, count=plan.settings.warm_start,
                           unavailable=plan.warm_start_unavailable)
-        trial = asked(study, storage)  # its point is fixed as it is created (QueueFirst)
-        try:
-            trial.set_user_attr("worker", worker)
-            proposal = sampler.proposal(trial.number)
-            for key, value in (proposal.attrs if proposal is not None else {"role": "search"}).items():
-                trial.set_user_attr(key, value)
-            config = plan.space.suggest(trial)
-            spec = plan.space.point(config, temperature=group.temperature, top_p=group.top_p)
-            trial.set_user_attr("point_id", spec.point_id)
-            decision = verdict(study, trial, budget=budget)
-            if decision != "run":  # another worker took the point or the last of the budget meanwhile
-                trial.set_user_attr("role", decision)
-                study.tell(trial, state=TrialState.FAIL)
-                continue
-        except BaseException:
-            release(study, storage, trial)
-            raise
-        with Heartbeat(study, storage, trial):
-            if capacity is not None:  # a capacity search, its launch reused across the probes
-                row = run_capacity_trial(study, trial, spec, search=capacity, constraints=plan.settings.constraints)
-            elif len(plan.levels) > 1:
-                row = _run_levels(study, trial, config=config, group=group, plan=plan, evaluator=evaluator,
-                                  baselines=baselines)
-            else:
-                (baseline, baseline_rows), = baselines
-                row = _run_trial(study, trial, spec, config=config, plan=plan, evaluator=evaluator, baseline=baseline,
-                                 baseline_rows=baseline_rows)
+        fixed = fix_point(study, storage, trial, sampler=sampler, space=plan.space, budget=budget, worker=worker)
+        spec = plan.space.point(fixed.config, temperature=group.temperature, top_p=group.top_p)
+        trial.set_user_attr("point_id", spec.point_id)
+        if capacity is not None:  # a capacity search, its launch reused across the probes
+            values, row = run_capacity_trial(trial, spec, search=capacity, constraints=plan.settings.constraints)
+        elif len(plan.levels) > 1:
+            values, row = _run_levels(trial, config=fixed.config, group=group, plan=plan, evaluator=evaluator,
+                                      baselines=baselines)
+        else:
+            (baseline, baseline_rows), = baselines
+            values, row = _run_trial(trial, spec, config=fixed.config, plan=plan, evaluator=evaluator,
+                                     baseline=baseline, baseline_rows=baseline_rows)
         observer.trial_finished(group.study, row)
+        if row["state"] == "FAIL":
+            raise PointFailed(row["error"])
+        if row["state"] == "PRUNED":
+            raise optuna.TrialPruned()
+        return values
+
+    def abandoned(number: int) -> None:
+        observer.message(f"{group.study}: trial {number} was given up while this worker was stalled (no progress for "
+                         "longer than the stall limit); Optuna retries its point on another worker")
+
+    optimize(study, objective, budget=budget, size=size, on_abandoned=abandoned)
+    if len(held_points(study.get_trials(deepcopy=False))) >= size:
+        observer.message(f"{group.study}: every one of the {size} configurations of the search space has been "
+                         "evaluated; nothing is left to try")
 
 
-def _run_trial(study: optuna.Study, trial: optuna.Trial, spec, *, config, plan: Plan, evaluator: Evaluator, baseline,
-               baseline_rows: pd.DataFrame) -> dict[str, Any]:
+def _run_trial(trial: optuna.Trial, spec, *, config, plan: Plan, evaluator: Evaluator, baseline,
+               baseline_rows: pd.DataFrame) -> tuple[list[float] | None, dict[str, Any]]:
+    """The trial's values (None unless it completed) and its row for the observer."""
     objective = plan.settings.objective
     context = evaluator.context(spec)
     prunable = plan.settings.prune and trial.user_attrs.get("role") != "calibration"
@@ -204,6 +220,7 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, spec, *, config, plan: 
     def judge(rows: pd.DataFrame) -> None:
         """Report the objective on the prompts so far (every single-objective trial, so the pruner can
         compare); stop the trial if the pruner judges it clearly worse."""
+        progress.mark()
         if objective.is_pareto:
             return
         try:
@@ -221,8 +238,7 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, spec, *, config, plan: 
         partial = measure(spec, pruned.rows, baseline=baseline, baseline_rows=baseline_rows, objective=objective,
                           context=context, slo=plan.profile.slo.limits())
         _set_measurement(trial, partial, plan, evaluated=True)
-        study.tell(trial, state=TrialState.PRUNED)
-        return {"number": trial.number, "point_id": spec.point_id, "state": "PRUNED", "value": partial.values[0]}
+        return None, {"number": trial.number, "point_id": spec.point_id, "state": "PRUNED", "value": partial.values[0]}
     if outcome.error is None:
         try:
             measured = measure(spec, outcome.rows, baseline=baseline, baseline_rows=baseline_rows,
@@ -232,8 +248,7 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, spec, *, config, plan: 
     if outcome.error is not None:
         trial.set_user_attr("error", outcome.error)
         trial.set_user_attr("evaluated", outcome.evaluated)
-        study.tell(trial, state=TrialState.FAIL)
-        return {"number": trial.number, "point_id": spec.point_id, "state": "FAIL", "error": outcome.error}
+        return None, {"number": trial.number, "point_id": spec.point_id, "state": "FAIL", "error": outcome.error}
     _set_measurement(trial, measured, plan, evaluated=outcome.evaluated)
     if trial.user_attrs.get("role") == "calibration" and plan.warm_start_unavailable is None:
         calibration = calibrate(outcome.rows, baseline_rows, gamma=config.gamma,
@@ -241,13 +256,12 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, spec, *, config, plan: 
                                 greedy=spec.temperature == 0)
         if calibration is not None:
             trial.set_user_attr("calibration", calibration.as_dict())
-    study.tell(trial, list(measured.values))
-    return {"number": trial.number, "point_id": spec.point_id, "state": "COMPLETE", "value": measured.values[0],
-            "evaluated": outcome.evaluated}
+    return list(measured.values), {"number": trial.number, "point_id": spec.point_id, "state": "COMPLETE",
+                                   "value": measured.values[0], "evaluated": outcome.evaluated}
 
 
-def _run_levels(study: optuna.Study, trial: optuna.Trial, *, config, group: Group, plan: Plan, evaluator: Evaluator,
-                baselines: list[tuple]) -> dict[str, Any]:
+def _run_levels(trial: optuna.Trial, *, config, group: Group, plan: Plan, evaluator: Evaluator,
+                baselines: list[tuple]) -> tuple[list[float] | None, dict[str, Any]]:
     """One configuration at every load level (one launch serves them all, in level order); the trial's value is the
     objective over the load mix, each level's own value kept in its `levels` attr. Not pruned: a level left out
     would leave the per-level choices without it."""
@@ -256,7 +270,7 @@ def _run_levels(study: optuna.Study, trial: optuna.Trial, *, config, group: Grou
     for level, (baseline, baseline_rows) in zip(plan.levels, baselines):
         spec = plan.space.point(config, temperature=group.temperature, top_p=group.top_p,
                                 concurrency=level.concurrency, request_rate=level.request_rate)
-        outcome = evaluator.run(spec, lambda rows: None)
+        outcome = evaluator.run(spec, lambda rows: progress.mark())
         evaluated = evaluated or outcome.evaluated
         error = outcome.error
         if error is None:
@@ -269,8 +283,7 @@ def _run_levels(study: optuna.Study, trial: optuna.Trial, *, config, group: Grou
             error = f"{level.label}: {error}"
             trial.set_user_attr("error", error)
             trial.set_user_attr("evaluated", evaluated)
-            study.tell(trial, state=TrialState.FAIL)
-            return {"number": trial.number, "point_id": spec.point_id, "state": "FAIL", "error": error}
+            return None, {"number": trial.number, "point_id": spec.point_id, "state": "FAIL", "error": error}
         entries.append(level_entry(level, measured.values[0], measured.metrics))
         violations.append(plan.settings.constraints.violations(measured.metrics))
         metrics = metrics or {k: measured.metrics.get(k) for k in IDENTITY_COLUMNS}
@@ -282,9 +295,8 @@ def _run_levels(study: optuna.Study, trial: optuna.Trial, *, config, group: Grou
     trial.set_user_attr("noise", 0.0)
     trial.set_user_attr("evaluated", evaluated)
     trial.set_user_attr("constraints", [max(v) for v in zip(*violations)] if violations and violations[0] else [])
-    study.tell(trial, [value])
-    return {"number": trial.number, "point_id": trial.user_attrs.get("point_id"), "state": "COMPLETE", "value": value,
-            "evaluated": evaluated}
+    return [value], {"number": trial.number, "point_id": trial.user_attrs.get("point_id"), "state": "COMPLETE",
+                     "value": value, "evaluated": evaluated}
 
 
 def _set_measurement(trial: optuna.Trial, measured, plan: Plan, *, evaluated: bool) -> None:

@@ -51,10 +51,13 @@ class VerifyProgress(SilentObserver):
         self.observer.message(f"verify: {spec.point_id}: {row.get('status')}, {figure}")
 
 
-def verify(plan: Plan, result: TuneResult, *, observer: SweepObserver | None = None) -> TuneResult:
+def verify(plan: Plan, result: TuneResult, *, observer: SweepObserver | None = None,
+           elsewhere: str | None = None) -> TuneResult:
     """Run recommendation.toml into `verify/` and record what it measured in recommendation.json (and its summary
-    in the TOML's header)."""
+    in the TOML's header). `elsewhere`: the worker that verifies for the whole shared tune, when it is not this one."""
     reason = skip_reason(plan)
+    if reason is None and elsewhere is not None:
+        reason = f"verified once for the shared study, by worker {elsewhere}: see its output folder's {VERIFY_DIR}/"
     if reason is not None and len(plan.levels) < 2:
         return result
     choices = result.recommendation.temperatures

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specbench.backends.server import client
+from specbench.core import progress as liveness
 
 HOST = "127.0.0.1"
 LIFELINE = Path(__file__).with_name("lifeline.py")
@@ -105,6 +106,7 @@ class ServerProcess:
         """Poll the health endpoint, then the model list, until both answer or `timeout_s` passes."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            liveness.mark()  # a launch that is still coming up is progress (bounded by timeout_s)
             if not self.alive():
                 raise ServerFailed(f"the server exited with code {self.exit_code()} before it was ready; "
                                    f"log {self.log_path}: {log_tail(self.log_path)}")

@@ -14,6 +14,8 @@ from typing import Any
 
 import aiohttp
 
+from specbench.core import progress
+
 DRAIN_S = 1.0  # the most spent reading past [DONE] to keep a connection reusable
 
 
@@ -75,6 +77,7 @@ async def stream_response(session: aiohttp.ClientSession, url: str, request: Req
         answer, reasoning = [], []
         async for raw in http.content:
             on_bytes()
+            progress.mark()
             line = raw.decode("utf-8", "replace").strip()
             if not line.startswith("data:"):
                 continue
