@@ -4,7 +4,7 @@ folder's one baseline. A sweep is no longer shared through an Optuna study: `--s
 
 from __future__ import annotations
 
-from test_sweep import N_POINTS, assert_each_point_once, project, read, run_cli  # noqa: F401 - a fixture
+from test_sweep import assert_each_point_once, project, read, run_cli  # noqa: F401 - a fixture
 
 
 def test_local_workers_share_one_sweep_and_a_second_run_resumes_it(project):

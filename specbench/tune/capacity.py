@@ -16,6 +16,7 @@ from specbench.sweep.capacity import CapacitySearch
 from specbench.sweep.loop import SilentObserver, evaluate_point
 from specbench.tune.evaluate import Evaluator, Live
 from specbench.tune.objectives import TuneError
+from specbench.tune.shared import host_key
 
 BASELINE_ATTR = "capacity_baseline"
 
@@ -36,11 +37,13 @@ class _Decisions(SilentObserver):
         self.observer.message(text)
 
 
-def search_baseline(study: optuna.Study, spec, search: CapacitySearch) -> dict[str, Any]:
-    """The baseline's capacity at the study's temperature, searched once and kept with the study."""
-    if BASELINE_ATTR not in study.user_attrs:
-        study.set_user_attr(BASELINE_ATTR, _plain(search.search_configuration(spec, "request_rate")))
-    return study.user_attrs[BASELINE_ATTR]
+def search_baseline(study: optuna.Study, spec, search: CapacitySearch, *, host: str) -> dict[str, Any]:
+    """The baseline's capacity at the study's temperature, searched once per host (every gain is against its own
+    box's baseline) and kept with the study."""
+    key = host_key(BASELINE_ATTR, host)
+    if key not in study.user_attrs:
+        study.set_user_attr(key, _plain(search.search_configuration(spec, "request_rate")))
+    return study.user_attrs[key]
 
 
 def run_capacity_trial(trial: optuna.Trial, spec, *, search: CapacitySearch,

@@ -24,6 +24,7 @@ from specbench.tune.recommend import (
 )
 from specbench.tune.capacity import BASELINE_ATTR as CAPACITY_BASELINE
 from specbench.tune.capacity import capacity_recommendation
+from specbench.tune.shared import of_host
 from specbench.tune.space import SearchSpace
 
 _TRIAL_COLUMNS = [
@@ -91,8 +92,7 @@ def write(plan: Plan, studies: dict[str, optuna.Study]) -> TuneResult:
         rows = trial_rows(study, space=plan.space, temperature=group.temperature, top_p=group.top_p)
         all_rows += rows
         choices.append(_recommendation(plan, group, rows, engines=engines,
-                                       baselines=study.user_attrs.get("load_baselines"),
-                                       capacity_baseline=study.user_attrs.get(CAPACITY_BASELINE)))
+                                       attrs=study.user_attrs))
     recommendation = Recommendation(
         objective={"name": plan.settings.objective.name, "columns": list(plan.settings.objective.columns),
                    "directions": list(plan.settings.objective.directions)},
@@ -117,13 +117,16 @@ def write(plan: Plan, studies: dict[str, optuna.Study]) -> TuneResult:
 
 
 def _recommendation(plan: Plan, group, rows: list[dict[str, Any]], *, engines: dict[str, Any],
-                    baselines: list[dict[str, Any]] | None = None,
-                    capacity_baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+                    attrs: dict[str, Any]) -> dict[str, Any]:
+    """The choice of one study; the baselines it is compared with are those the chosen trial's own box measured."""
     objective = plan.settings.objective
     finished = [r for r in rows if r["state"] in ("COMPLETE", "PRUNED")]
     evaluated = {r["point_id"] for r in rows if r["evaluated"]}
     held = {r["point_id"] for r in rows if r["state"] in ("COMPLETE", "PRUNED") or r["trial_error"] is not None}
     chosen, front = choose(rows, objective=objective, tolerance=plan.settings.tolerance)
+    worker = chosen["worker"] if chosen is not None else None
+    baselines = of_host(attrs, "load_baselines", worker)
+    capacity_baseline = of_host(attrs, CAPACITY_BASELINE, worker)
     if len(plan.levels) > 1:
         return _load_recommendation(plan, group, rows, chosen, engines=engines, baselines=baselines or [],
                                     counts={"trials": len(finished), "evaluations": len(evaluated),

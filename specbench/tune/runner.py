@@ -35,7 +35,7 @@ from specbench.tune.load import IDENTITY_COLUMNS, level_entry, mix_value
 from specbench.tune.measure import NotMeasured, measure
 from specbench.tune.plan import Group, Plan, TuneResult, TuneSettings, clear, make_plan
 from specbench.tune.propose import QueueFirst, held_points, record_warm_start
-from specbench.tune.shared import PointFailed, fix_point, optimize, verify_once
+from specbench.tune.shared import PointFailed, fix_point, host_key, optimize, verify_once
 from specbench.tune.verify import VERIFY_DIR, VerifyProgress, skip_reason, verify
 from specbench.tune.warmstart import calibrate
 
@@ -105,7 +105,7 @@ def work(plan: Plan, *, worker_index: int, observer: TuneObserver) -> None:
                                directions=list(plan.settings.objective.directions), sampler=sampler, pruner=_pruner(plan))
             baselines = _baselines(study, group, plan=plan, evaluator=evaluator)
             if capacity is not None:
-                search_baseline(study, baselines[0][0].at_load(concurrency=1), capacity)
+                search_baseline(study, baselines[0][0].at_load(concurrency=1), capacity, host=host_name())
             _search(study, storage, group, plan=plan, sampler=sampler, evaluator=evaluator, worker=worker,
                     baselines=baselines, observer=observer, capacity=capacity)
     finally:
@@ -117,7 +117,8 @@ def _baselines(study: optuna.Study, group: Group, *, plan: Plan, evaluator: Eval
     with the study (the schedule falls back to it where speculation does not pay)."""
     baselines = [evaluator.baseline(group.temperature, group.top_p, concurrency=level.concurrency,
                                     request_rate=level.request_rate) for level in plan.levels]
-    if len(plan.levels) > 1 and "load_baselines" not in study.user_attrs:
+    key = host_key("load_baselines", host_name())  # each box's own baseline: trials compare with their own box's
+    if len(plan.levels) > 1 and key not in study.user_attrs:
         values = []
         for spec, rows in baselines:
             try:
@@ -128,7 +129,7 @@ def _baselines(study: optuna.Study, group: Group, *, plan: Plan, evaluator: Eval
                                "goodput": measured.metrics.get("goodput")})
             except NotMeasured:
                 values.append({"point_id": spec.point_id, "value": None})
-        study.set_user_attr("load_baselines", values)
+        study.set_user_attr(key, values)
     return baselines
 
 

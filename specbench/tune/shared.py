@@ -87,6 +87,20 @@ def _not_run(study: optuna.Study, trial: optuna.Trial, role: str, **attrs: Any) 
     raise NotRun(role)
 
 
+def host_key(name: str, host: str) -> str:
+    """A study user attr kept per host (a baseline each box measured itself): `<name>@<host>`."""
+    return f"{name}@{host}"
+
+
+def of_host(attrs: dict[str, Any], name: str, worker: str | None) -> Any:
+    """The attr `name` as the host of `worker` (host:pid/index) measured it; a study of one host, or older, has one."""
+    host = (worker or "").partition(":")[0]
+    mine = attrs.get(host_key(name, host))
+    if mine is not None:
+        return mine
+    return attrs.get(name, next((value for key, value in sorted(attrs.items()) if key.startswith(f"{name}@")), None))
+
+
 def done(study: optuna.Study, *, budget: int, size: int) -> bool:
     """The study has its trials (finished, running or waiting for a retry), or every configuration is held."""
     trials = study.get_trials(deepcopy=False)
