@@ -128,10 +128,12 @@ def optimize(study: optuna.Study, objective: Callable[[optuna.Trial], Any], *, b
         return values
 
     def stop_when_done(study: optuna.Study, trial: FrozenTrial) -> None:
+        progress.mark()  # the main thread came round: the next trial's first heartbeat is recorded
         if done(study, budget=budget, size=size):
             study.stop()
 
     while True:
+        progress.mark()
         optuna.storages.fail_stale_trials(study)
         waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if waiting or not done(study, budget=budget, size=size):
@@ -170,5 +172,6 @@ def verify_once(storage: BaseStorage, name: str, *, worker: str, run: Callable[[
         return 0.0
 
     optuna.storages.fail_stale_trials(study)
+    progress.mark()
     study.optimize(objective, n_trials=1, catch=(NotRun,), gc_after_trial=False)
     return holder.get("worker")
