@@ -30,7 +30,8 @@ import specbench.models.pypi
 from specbench.models.pypi import PackageError
 from specbench.models.registry import (BUILTIN_MODELS, BuiltinModel, ModelError, WheelPart, builtin_gguf_path,
     builtin_name, builtin_ref, cache_dir, is_builtin)
-from specbench.models.load import (ModelSource, check_same_vocabulary, hf_folder, load_model, load_tokenizer,
+from specbench.decoding.vocab import same_vocabulary
+from specbench.models.load import (ModelSource, hf_folder, load_model, load_tokenizer,
     resolve_model)
 from specbench.models.gguf import convert_gguf
 from specbench.models.fetch import fetch_builtin
@@ -548,36 +549,21 @@ def test_hf_folder_of_a_builtin_not_fetched_says_how_to_fetch() -> None:
     assert str(error.value).endswith("run: specbench models fetch qwen2.5-coder-0.5b-instruct")
 
 
-# --- check_same_vocabulary --------------------------------------------------------------------
+# --- same_vocabulary: a draft of another tokenizer is drafted through the shared vocabulary (decoding/vocab) --------
 
 
 def test_same_vocabulary_passes() -> None:
-    check_same_vocabulary(make_tokenizer(WORDS), make_tokenizer(WORDS), target_name="T", draft_name="D")
+    assert same_vocabulary(make_tokenizer(WORDS), make_tokenizer(WORDS))
 
 
 def test_padded_vocabulary_passes() -> None:
     target = make_tokenizer([*WORDS, "<pad1>", "<pad2>"])
-    check_same_vocabulary(target, make_tokenizer(WORDS), target_name="T", draft_name="D")
-    check_same_vocabulary(make_tokenizer(WORDS), target, target_name="T", draft_name="D")
+    assert same_vocabulary(target, make_tokenizer(WORDS)) and same_vocabulary(make_tokenizer(WORDS), target)
 
 
-def test_mismatching_token_names_the_first_id() -> None:
-    draft = make_tokenizer([*WORDS[:3], "dog", *WORDS[4:]])
-    with pytest.raises(ModelError) as error:
-        check_same_vocabulary(make_tokenizer(WORDS), draft, target_name="Y", draft_name="X")
-    assert str(error.value) == (
-        "draft 'X' and target 'Y' use different tokenizers (id 3 is 'dog' vs 'cat'); "
-        "pick a draft from the target's model family"
-    )
-
-
-def test_mismatching_eos_is_rejected() -> None:
-    draft = make_tokenizer(WORDS, eos="mat")
-    with pytest.raises(ModelError) as error:
-        check_same_vocabulary(make_tokenizer(WORDS), draft, target_name="Y", draft_name="X")
-    assert str(error.value) == (
-        "draft 'X' and target 'Y' use different tokenizers (eos id 7 vs 1); pick a draft from the target's model family"
-    )
+def test_another_token_at_an_id_or_another_eos_is_another_vocabulary() -> None:
+    assert not same_vocabulary(make_tokenizer(WORDS), make_tokenizer([*WORDS[:3], "dog", *WORDS[4:]]))
+    assert not same_vocabulary(make_tokenizer(WORDS), make_tokenizer(WORDS, eos="mat"))
 
 
 def test_folder_with_missing_weights_is_rejected(tmp_path: Path) -> None:

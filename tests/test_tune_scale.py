@@ -74,9 +74,10 @@ def test_three_workers_on_postgresql_one_killed_mid_trial_finish_the_budget_exac
     env = {"SPECBENCH_HEARTBEAT_S": "1", "OMP_NUM_THREADS": "1"}  # stale after 6 s without a heartbeat
     boxes = [worker([*command, "--out", f"box{index}"], host=f"box{index}", env=env, cwd=project) for index in range(3)]
     name, killed, deadline = f"{study}-t0-p1", None, time.monotonic() + 240
+    storage = optuna.storages.RDBStorage(POSTGRES)  # one connection pool for the polling
     while killed is None and time.monotonic() < deadline and boxes[0].poll() is None:
         try:
-            trials = optuna.load_study(study_name=name, storage=POSTGRES).get_trials(deepcopy=False)
+            trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
         except KeyError:  # not created yet
             trials = []
         running = [t for t in trials if t.state.name == "RUNNING" and "point_id" in t.user_attrs

@@ -57,16 +57,38 @@ WORDS = (
 ).split()
 
 
-def word_tokenizer():
-    """A word-level tokenizer over WORDS (unknown words map to <unk>), no chat template."""
+def word_tokenizer(words: tuple[str, ...] | list[str] = WORDS):
+    """A word-level tokenizer over `words` (unknown words map to <unk>), no chat template."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
     from transformers import PreTrainedTokenizerFast
 
-    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>")
+
+
+def reindexed(model: LlamaForCausalLM, words: list[str], draft_words: list[str], *, scale: float = 0.0,
+              seed: int = 5, aliases: dict[str, str] | None = None) -> LlamaForCausalLM:
+    """A draft over another vocabulary, `draft_words` (ids in its own order): the target's network with each shared
+    word's embedding and output rows moved to the word's draft id, random rows for words the target lacks (or the
+    rows of the target word `aliases` names for it: the draft then splits that word's mass with it), plus Gaussian
+    noise of `scale`. It agrees with the target wherever the target's choice is a shared word."""
+    aliases = aliases or {}
+    draft = copy.deepcopy(model)
+    draft.resize_token_embeddings(len(draft_words), mean_resizing=False)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for source, dest in ((model.get_input_embeddings().weight, draft.get_input_embeddings().weight),
+                             (model.get_output_embeddings().weight, draft.get_output_embeddings().weight)):
+            for j, word in enumerate(draft_words):
+                known = word if word in words else aliases.get(word)
+                row = source[words.index(known)] if known is not None else \
+                    source.std() * torch.randn(source.shape[1], generator=generator).to(source.device)
+                dest[j] = row
+    draft.config.vocab_size = len(draft_words)
+    return perturbed(draft, scale=scale, seed=seed) if scale else draft.eval()
 
 
 def write_model_folder(folder, model: LlamaForCausalLM, tokenizer=None):

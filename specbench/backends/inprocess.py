@@ -9,7 +9,7 @@ import os
 import platform
 import subprocess
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +18,14 @@ import transformers
 
 import specbench
 from specbench.decoding import devices
+from specbench.decoding.vocab import MIN_SHARED, VocabularyMap, same_vocabulary, vocabulary_map
 from specbench.core import gpus, results
 from specbench.backends.base import AfterPrompt, Observer, OnRequest
 from specbench.core.trace import Trace
 from specbench.core.errors import one_line
 from specbench.core.host import host_name
 from specbench.heads.reference import head_folder_reference
-from specbench.models.load import LoadedModel, check_same_vocabulary, load_model, parameter_count
+from specbench.models.load import LoadedModel, load_model, parameter_count
 from specbench.models.registry import ModelError
 from specbench.models.eagle3 import HeadError, load_head_model
 from specbench.profile import Profile, ProfileError
@@ -46,6 +47,8 @@ class LoadedModels:
     drafts: dict[str, LoadedModel | Exception]  # a draft's model, or why it could not be loaded
     workload: Workload
     eos_token_ids: tuple[int, ...]  # () with workload.ignore_eos: every request runs to its budget
+    # drafts whose tokenizer is not the target's: how each proposes ("intersection" or "text") and the shared tokens
+    vocabularies: dict[str, tuple[str, VocabularyMap]] = field(default_factory=dict)
 
     @property
     def prompts(self) -> list[Prompt]:
@@ -77,8 +80,36 @@ def load_models(profile: Profile, *, observer: Observer) -> LoadedModels:
     check_context_window(profile, context_window(target.model.config), workload=workload, model="the target")
     drafts = _load_drafts(profile, target, heads=heads, device=device, dtype=dtype, observer=observer,
                           workload=workload)
+    vocabularies = _vocabularies(profile, target, drafts, device=device, observer=observer)
     eos = () if workload.ignore_eos else _eos_ids(target)
-    return LoadedModels(profile, device, dtype, target, drafts, workload, eos)
+    return LoadedModels(profile, device, dtype, target, drafts, workload, eos, vocabularies)
+
+
+def _vocabularies(profile: Profile, target: LoadedModel, drafts: dict[str, LoadedModel | Exception], *, device,
+                  observer) -> dict[str, tuple[str, VocabularyMap]]:
+    """For each draft model with a tokenizer of its own: how it proposes and what both vocabularies share. One that
+    shares less than MIN_SHARED of the target's vocabulary stops the run before any point, naming the overlap."""
+    vocabularies = {}
+    for index, spec in enumerate(profile.drafts):
+        draft = drafts.get(spec.name)
+        if spec.method != "draft" or not isinstance(draft, LoadedModel):
+            continue
+        if same_vocabulary(target.tokenizer, draft.tokenizer):
+            continue
+        mapping = vocabulary_map(target.tokenizer, draft.tokenizer, device=device,
+                                 target_size=target.model.get_output_embeddings().weight.shape[0],
+                                 draft_size=draft.model.get_output_embeddings().weight.shape[0])
+        where = f"{profile.source}: " if profile.source else ""
+        if mapping.shared_share < MIN_SHARED:
+            raise ProfileError(f"{where}drafts[{index}].model: {spec.model} shares {mapping.shared} of the target's "
+                               f"{mapping.target_tokens} tokens ({mapping.shared_share:.1%}), under the "
+                               f"{MIN_SHARED:.0%} a draft of another tokenizer needs; pick a draft whose tokenizer is "
+                               "closer to the target's (the same family, or a byte-level BPE like it)")
+        mode = spec.vocabulary or "intersection"
+        observer.message(f"draft {spec.name}: another tokenizer than the target's; {mapping.shared} tokens shared "
+                         f"({mapping.shared_share:.0%} of the target's), drafting by {mode}")
+        vocabularies[spec.name] = (mode, mapping)
+    return vocabularies
 
 
 def check_fits_gpu(profile: Profile, device: torch.device, dtype: torch.dtype) -> None:
@@ -171,7 +202,6 @@ def _load_drafts(profile: Profile, target: LoadedModel, *, heads: dict[str, str]
             observer.message(f"loading draft {draft.name}: {draft.model}" + (f" ({draft.quantize})" if draft.quantize else ""))
             try:
                 model = load_model(draft.model, device=device, dtype=dtype, quantize=draft.quantize)
-                check_same_vocabulary(target.tokenizer, model.tokenizer, target_name=target.name, draft_name=draft.model)
                 check_context_window(profile, context_window(model.model.config), workload=workload,
                                      model=f"the draft {draft.name}")
                 loaded[key] = model
@@ -217,7 +247,11 @@ class InProcessSession:
     def point_context(self, spec: PointSpec) -> dict[str, Any]:
         draft = self.models.drafts.get(spec.draft)
         weight = self.models.target.weight_bytes + (draft.weight_bytes if isinstance(draft, LoadedModel) else 0)
-        return {"backend": self.backend, "target_model": self.models.profile.target.model, "weight_mb": weight / 2**20}
+        context = {"backend": self.backend, "target_model": self.models.profile.target.model, "weight_mb": weight / 2**20}
+        if spec.method == "draft" and spec.draft in self.models.vocabularies:
+            mode, mapping = self.models.vocabularies[spec.draft]
+            context.update(vocabulary=mode, shared_tokens=mapping.shared)
+        return context
 
     def run_point(self, spec: PointSpec, *, point_key: str, on_request: OnRequest,
                   after_prompt: AfterPrompt | None) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ import torch
 
 from specbench.backends.inprocess import GenerateOne, InProcessBackend, InProcessSession, LoadedModels
 from specbench.decoding.proposers import BaselineProposer, DraftModelProposer, NgramProposer, Proposer
+from specbench.decoding.vocab import CrossVocabularyProposer
 from specbench.decoding.eagle3 import Eagle3Proposer
 from specbench.decoding.decode import generate
 from specbench.decoding.costs import verify_costs_ms
@@ -64,7 +65,8 @@ class NativeSession(InProcessSession):
         capacity = max(len(ids) + budget for ids, budget in zip(m.prompt_ids, m.workload.max_new_tokens)) + BUCKETS[-1]
         max_gamma = max(m.profile.all_gammas(), default=1)
         needs = [(draft.model, f"draft {spec.name}", DRAFT_STEP_TOKENS) for spec in m.profile.drafts
-                 if spec.method == "draft" and isinstance(draft := m.drafts.get(spec.name), LoadedModel)]
+                 if spec.method == "draft" and spec.name not in m.vocabularies  # another tokenizer: dynamic
+                 and isinstance(draft := m.drafts.get(spec.name), LoadedModel)]
         needs.append((m.target.model, "target", max_gamma + 1))
         if m.device.type == "cpu":  # CUDA graphs are not frozen
             distinct = {id(model): (weight_bytes(model), len(buckets_to_freeze(range(1, tokens + 1))))
@@ -127,6 +129,12 @@ class NativeSession(InProcessSession):
             return Eagle3Proposer(m.draft_model(spec).model, m.target.model, device=m.device, name=spec.draft,
                                   aux=target)
         vocab_size = m.target.model.get_output_embeddings().weight.shape[0]
+        if spec.draft in m.vocabularies:  # another tokenizer: re-tokenised each step, so on a dynamic cache
+            mode, mapping = m.vocabularies[spec.draft]
+            draft = m.draft_model(spec)
+            return CrossVocabularyProposer(draft.model, target_tokenizer=m.target.tokenizer,
+                                           draft_tokenizer=draft.tokenizer, vocabulary=mapping, mode=mode,
+                                           device=m.device, name=spec.draft)
         return DraftModelProposer(self.decoding(m.draft_model(spec).model), vocab_size=vocab_size, device=m.device,
                                   name=spec.draft)
 

@@ -29,7 +29,7 @@ def tune(
     warm_start: Annotated[int, typer.Option(help="Predicted-best configurations tried after the calibration trials.")] = 3,
     tolerance: Annotated[float, typer.Option(help="Near-ties: within max(noise, TOLERANCE x best) prefer the smaller gamma.")] = 0.01,
     prune: Annotated[bool, typer.Option("--prune/--no-prune", help="Stop clearly worse trials after each prompt.")] = True,
-    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (postgresql://, mysql://, sqlite:///) or a journal file (default: study.db in the output folder).")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna RDB storage URL shared by every worker: postgresql:// (or mysql://) across machines, sqlite:/// on one (default: study.db in the output folder).")] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name (default: <profile name>-<objective>); -t<T>-p<P> is appended per temperature.")] = None,
     workers: Annotated[int, typer.Option(help="Local worker processes (one per visible GPU where there are GPUs).")] = 1,
     replay: Annotated[Optional[Path], typer.Option(help="Answer points from this recorded run folder instead of running them.")] = None,

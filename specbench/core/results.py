@@ -257,6 +257,8 @@ def request_row(spec: PointSpec, *, point_key: str, prompt: Prompt, repeat: int,
         "output_sha": hashlib.sha256(json.dumps(trace.output_ids).encode()).hexdigest()[:16],
         "output_ids": list(trace.output_ids),
         "top2_gap": list(trace.top2_gap) if trace.top2_gap else None,  # greedy only: where a divergence is a near-tie
+        # a draft with another tokenizer: the target's mean mass on the tokens the draft can propose, per step
+        "shared_vocabulary_mass": sum(trace.shared_mass) / len(trace.shared_mass) if trace.shared_mass else None,
         "start_ms": None,  # one request at a time: each request's own time is what counts
     }
 
@@ -323,6 +325,10 @@ _POINT_COLUMNS = [
     # points say acceptance_source = "synthetic"), and the mean drafted tokens per target step (what a prediction
     # from acceptance needs beside it: an n-gram lookup proposes fewer than gamma where nothing matches)
     "imposed_acceptance", "drafted_per_step",
+    # added with drafts of another tokenizer: how the draft proposes ("intersection" or "text"; empty for a draft of
+    # the target's own vocabulary), how many tokens both vocabularies share, and the target's mean probability mass on
+    # them over the point's decode steps (what an intersection draft can ever propose)
+    "vocabulary", "shared_tokens", "shared_vocabulary_mass",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -345,6 +351,7 @@ _POINT_DTYPES = {
     "tail_requests": "Int64", "capacity_repeat": "Int64", "requests_waiting_growth": "float64",
     "queue_time_ms_mean": "float64", "prefix_cache_reset": "boolean",
     "capacity_draw": "Int64", "imposed_acceptance": "string", "drafted_per_step": "float64",
+    "vocabulary": "string", "shared_tokens": "Int64", "shared_vocabulary_mass": "float64",
     **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }

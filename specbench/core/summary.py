@@ -119,6 +119,10 @@ def _metrics(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec
     if spec.method == "baseline" and metrics["mean_accepted_length"] is None:
         metrics["mean_accepted_length"] = 1.0  # one token per target forward pass, by definition
     metrics["drafted_per_step"] = _drafted_per_step(point, row, metrics, drafted=drafted, steps=steps)
+    if "shared_vocabulary_mass" in point and point["shared_vocabulary_mass"].notna().any():
+        measured = point.dropna(subset=["shared_vocabulary_mass"])  # each request weighted by its decode steps
+        metrics["shared_vocabulary_mass"] = float(np.average(measured["shared_vocabulary_mass"],
+                                                             weights=measured["target_steps"].clip(lower=1)))
     metrics.update(_against_baseline(point, baseline, spec))
     if spec.synthetic:  # imposed, not its draft's: said wherever the point appears, and its outputs never compared
         metrics.update(acceptance_source="synthetic", outputs_match_baseline=None, outputs_match_fraction=None,

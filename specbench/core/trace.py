@@ -37,6 +37,9 @@ class Trace:
     # [output_tokens] at temperature 0 (else empty): the target's top logit minus its second one in the row
     # that chose each output token; near 0, a low-precision verification may flip the argmax
     top2_gap: tuple[float, ...] = ()
+    # a draft with another tokenizer: per decode step, the target's probability mass on the tokens the draft can
+    # propose (the shared vocabulary), in the rows that chose the step's tokens (their mean); else empty
+    shared_mass: tuple[float, ...] = ()
 
     @property
     def output_tokens(self) -> int:

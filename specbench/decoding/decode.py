@@ -65,6 +65,8 @@ def generate(
         _check_logits(logits, "prefill")
         first = int(logits.argmax() if sampler.greedy else sampler.sample(sampler.probs(logits)))
         gaps = [top2_gap(logits).view(1)] if sampler.greedy else []  # on the device until the request ends
+        shared = proposer.shared_target_ids() if hasattr(proposer, "shared_target_ids") else None
+        masses: list[torch.Tensor] = []  # the target's mass on the shared vocabulary, per step (on the device)
         sequence = [*prompt_ids, first]
         times = [clock.now()]
         steps: list[StepRecord] = []
@@ -99,6 +101,9 @@ def generate(
                 gaps.append(top2_gap(logits)[: len(new_tokens)])  # row i chose new token i
             sequence.extend(new_tokens)
             verified_at = clock.now()
+            if shared is not None:  # after the step's clock: what it costs is not the step's
+                rows = logits[: len(new_tokens)].float()
+                masses.append((rows.softmax(-1) if sampler.greedy else sampler.probs(rows))[:, shared].sum(-1).mean())
             times.extend([verified_at] * len(new_tokens))
             steps.append(StepRecord(
                 drafted=drafted_count, accepted=accepted, emitted=len(new_tokens),
@@ -116,6 +121,7 @@ def generate(
         gamma=gamma,
         peak_memory_growth_bytes=memory.growth_bytes(),
         top2_gap=tuple(torch.cat(gaps).tolist()) if gaps else (),
+        shared_mass=tuple(torch.stack(masses).tolist()) if masses else (),
     )
 
 

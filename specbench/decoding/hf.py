@@ -75,7 +75,11 @@ def hf_generate(
     eos_token_ids: Collection[int] = (),
     draft: torch.nn.Module | None = None,
     ngram_max: int = 3,
+    tokenizer=None,
+    assistant_tokenizer=None,
 ) -> Trace:
+    """One request through `generate`; with `tokenizer` and `assistant_tokenizer` (a draft of another tokenizer),
+    transformers' assisted generation across vocabularies."""
     if method == "draft" and draft is None:
         raise ValueError("method 'draft' needs a draft model")
     device = next(target.parameters()).device
@@ -92,6 +96,8 @@ def hf_generate(
     kwargs: dict = {}
     if method == "draft":
         kwargs["assistant_model"] = draft
+        if assistant_tokenizer is not None:
+            kwargs.update(tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)
     elif method == "ngram":
         config.prompt_lookup_num_tokens = gamma
         config.max_matching_ngram_size = ngram_max

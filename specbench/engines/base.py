@@ -33,6 +33,9 @@ class Speculation:
     # an acceptance what-if: per-position unconditional rates the engine imposes instead of verifying (one per position
     # up to gamma); only engines with `imposes_acceptance` run it
     imposed_acceptance: tuple[float, ...] | None = None
+    # a draft model with another tokenizer than the target's: how it drafts ("intersection" | "text"); only engines
+    # whose `vocabularies` name it run it
+    vocabulary: str | None = None
 
     @property
     def speculates(self) -> bool:

@@ -41,6 +41,10 @@ class LlamaCpp:
         """Flags for `speculation`; without `help_text`, the 2026 names (--spec-type, --spec-draft-n-max)."""
         if not speculation.speculates:
             return []
+        if speculation.vocabulary is not None:
+            raise EngineError("llama.cpp runs no draft with another tokenizer than the target's (vLLM does: "
+                              'use_heterogeneous_vocab); use engine = "vllm", backend = "native", or a draft of the '
+                              "target's family")
         if speculation.gamma_schedule is not None:
             raise EngineError("llama.cpp has no gamma per batch size (vLLM's num_speculative_tokens_per_batch_size): "
                               "launch one gamma; specbench tune recommends the single setting best over the load mix")

@@ -28,6 +28,9 @@ class Vllm:
     # its synthetic rejection sampler (0.32 and later): the draft runs, its tokens are kept per imposed per-position
     # unconditional rates (speculative_config rejection_sample_method = "synthetic", synthetic_acceptance_rates)
     imposes_acceptance = True
+    # a draft model of another tokenizer: use_heterogeneous_vocab (0.32 and later), the token-level intersection with
+    # greedy drafts (the draft's argmax over the shared tokens)
+    vocabularies = ("intersection",)
 
     def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:
         """The OpenAI server module, run by `binary` (a Python with vLLM installed; default: this one). The
@@ -49,6 +52,12 @@ class Vllm:
             config.update(prompt_lookup_min=speculation.ngram_min, prompt_lookup_max=speculation.ngram_max)
         else:
             config["model"] = speculation.draft_model
+        if speculation.vocabulary is not None:
+            if speculation.vocabulary not in self.vocabularies:
+                raise EngineError(f"vLLM drafts with another tokenizer by the token-level intersection only "
+                                  f"(use_heterogeneous_vocab), not by {speculation.vocabulary}: use "
+                                  'vocabulary = "intersection"')
+            config["use_heterogeneous_vocab"] = True
         if speculation.gamma_schedule is not None:
             config["num_speculative_tokens_per_batch_size"] = [list(r) for r in speculation.gamma_schedule]
         if speculation.imposed_acceptance is not None:

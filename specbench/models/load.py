@@ -349,21 +349,3 @@ def _load_tokenizer_from_hub(ref: str) -> tuple[Any, str]:
 
 
 # --- Tokenizer compatibility ----------------------------------------------------------------------
-
-
-def check_same_vocabulary(target_tokenizer: Any, draft_tokenizer: Any, *, target_name: str, draft_name: str) -> None:
-    """Raise ModelError unless both tokenizers map every shared id to the same token and share eos.
-
-    Different lengths are fine: model families pad their vocabularies to different sizes.
-    """
-    target_tokens = {i: token for token, i in target_tokenizer.get_vocab().items()}
-    draft_tokens = {i: token for token, i in draft_tokenizer.get_vocab().items()}
-    prefix = f"draft {draft_name!r} and target {target_name!r} use different tokenizers"
-    fix = "pick a draft from the target's model family"
-    for i in range(min(len(target_tokenizer), len(draft_tokenizer))):
-        if draft_tokens.get(i) != target_tokens.get(i):
-            raise ModelError(f"{prefix} (id {i} is {draft_tokens.get(i)!r} vs {target_tokens.get(i)!r}); {fix}")
-    if draft_tokenizer.eos_token_id != target_tokenizer.eos_token_id:
-        raise ModelError(
-            f"{prefix} (eos id {draft_tokenizer.eos_token_id} vs {target_tokenizer.eos_token_id}); {fix}"
-        )

@@ -42,6 +42,10 @@ class DraftSpec(Table):
     # (specbench.core.imposed). Points say acceptance_source = "synthetic" and are not lossless. The entry "measured"
     # runs the draft's own point too (verified, as without `acceptance`): predicted and measured side by side.
     acceptance: Annotated[tuple[Any, ...], converted(check_entries)] | None = None
+    # a draft model whose tokenizer is not the target's: how it proposes (specbench.decoding.vocab) — "intersection"
+    # (its distribution on the tokens both vocabularies share: lossless at any temperature; the default in-process)
+    # or "text" (its greedy text, re-tokenised for the target); on vLLM either runs as use_heterogeneous_vocab
+    vocabulary: Literal["intersection", "text"] | None = None
 
     @field_validator("acceptance", mode="before")
     @classmethod
@@ -65,6 +69,9 @@ class DraftSpec(Table):
         if self.model is not None and is_trained_head(self.model) and self.method != "eagle3":
             raise rule(f'trained:... is an EAGLE-3 head: set method = "eagle3", or a draft model for '
                         f'method "{self.method}"', at=("model",))
+        if self.vocabulary is not None and self.method != "draft":
+            raise rule(f'a vocabulary of its own is a draft model\'s (method "draft"), not method "{self.method}"\'s '
+                       "(remove vocabulary)", at=("vocabulary",))
         if self.method != "ngram":
             if self.model is None and self.method in DRAFT_MODEL_METHODS and self.url is None:
                 raise rule(

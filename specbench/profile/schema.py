@@ -120,17 +120,18 @@ class Profile(Table):
                 try:
                     engine.speculation_args(Speculation(draft.method, max(g for _, _, g in draft.gamma_schedule),
                                                         draft.model, draft.ngram_min, draft.ngram_max,
-                                                        draft.gamma_schedule))
+                                                        draft.gamma_schedule, vocabulary=draft.vocabulary))
                 except EngineError as error:
                     raise rule(str(error), at=("drafts", index, "gamma_schedule")) from None
                 continue
             for gamma in self.gammas(draft):
                 try:
                     engine.speculation_args(Speculation(draft.method, gamma, draft.model, draft.ngram_min,
-                                                        draft.ngram_max))
+                                                        draft.ngram_max, vocabulary=draft.vocabulary))
                 except EngineError as error:
-                    raise rule(str(error), at=("drafts", index, "gamma") if draft.gamma else ("sweep", "gamma")) \
-                        from None
+                    key = ("drafts", index, "vocabulary") if "another tokenizer" in str(error) else \
+                        ("drafts", index, "gamma") if draft.gamma else ("sweep", "gamma")
+                    raise rule(str(error), at=key) from None
 
     @model_validator(mode="after")
     def _imposed_acceptance_runs(self) -> "Profile":

@@ -56,24 +56,48 @@ class ProgressStorage(RDBStorage):
             super().record_heartbeat(trial_id)
 
 
+_OPENED: dict[str, BaseStorage] = {}  # one storage (one connection pool) per URL per process
+
+
 def open_storage(url: str, *, attempts: int = 5) -> BaseStorage:
-    """An RDB storage from an SQLAlchemy URL (postgresql, mysql, sqlite). Workers that start together on a new database
-    race to create Optuna's tables: the losers try again (an IntegrityError, or SQLite's "table ... already
+    """An RDB storage from an SQLAlchemy URL (postgresql, mysql, sqlite), opened once per process (each opening holds a
+    pool of connections: a server's connection limit is shared by every worker). Workers that start together on a new
+    database race to create Optuna's tables: the losers try again (an IntegrityError, or SQLite's "table ... already
     exists")."""
     quiet_optuna()
+    if url in _OPENED and _same_file(_OPENED[url]):
+        return _OPENED[url]
+    close_storage(url)
     if "://" not in url:
         raise ScaleOutError(f"--storage {url}: a journal file keeps no heartbeats, so a worker that dies (on this "
                             "machine or another sharing the file) would hold its trial forever; use postgresql://... "
                             "for workers on several machines, or the default SQLite file for --workers N on one")
     for attempt in range(attempts):
         try:
-            return _open_storage(url)
+            _OPENED[url] = _open_storage(url)
+            return _OPENED[url]
         except ScaleOutError as error:
             racing = "IntegrityError" in str(error) or "already exists" in str(error)
             if not racing or attempt == attempts - 1:
                 raise
             time.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def _same_file(storage: BaseStorage) -> bool:
+    """Whether a SQLite storage's connections still reach the file at its path (not one deleted, or replaced, since
+    they were opened); always for a server's database."""
+    if not isinstance(storage, RDBStorage) or storage.engine.dialect.name != "sqlite":
+        return True
+    path, inode = storage.engine.url.database, getattr(storage, "_specbench_inode", None)
+    return inode is not None and os.path.exists(path) and os.stat(path).st_ino == inode
+
+
+def close_storage(url: str) -> None:
+    """Drop this process's storage of `url` and its connections (before its SQLite file is deleted)."""
+    storage = _OPENED.pop(url, None)
+    if isinstance(storage, RDBStorage):
+        storage.engine.dispose()
 
 
 def _open_storage(url: str) -> BaseStorage:
@@ -110,6 +134,7 @@ def _serialize_sqlite(storage: RDBStorage) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     storage.engine.dispose()  # connections opened before the listeners are dropped
+    storage._specbench_inode = os.stat(storage.engine.url.database).st_ino  # see _same_file
 
 
 @contextmanager

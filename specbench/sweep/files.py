@@ -41,7 +41,7 @@ CONTEXT_COLUMNS = ("backend", "target_model", "weight_mb", "point_key", "other_c
                    "gpu_utilization_pct", "gpu_energy_j", "gpu_window_s", "gpu_samples", "gpu_peak_reserved_mb",
                    "engine_generated_tokens", "other_traffic_tokens", "engine_accept_length_gauge",
                    "lead_in_requests", "tail_requests", "window_s", "requests_waiting_growth", "queue_time_ms_mean",
-                   "prefix_cache_reset",
+                   "prefix_cache_reset", "vocabulary", "shared_tokens",
                    "series_t_ms", "series_requests_running", "series_requests_waiting", "series_kv_cache_usage",
                    "series_preemptions")
 

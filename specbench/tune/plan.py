@@ -16,7 +16,7 @@ from specbench.core import results
 from specbench.profile import Profile
 from specbench.sweep.plan import temperature_groups
 from specbench.scaleout.storage import (
-    DEFAULT_STORAGE_FILE, check_study, delete_study, open_storage, storage_url,
+    DEFAULT_STORAGE_FILE, check_study, close_storage, delete_study, open_storage, storage_url,
 )
 from specbench.tune.evaluate import Replay
 from specbench.tune.load import LoadLevel, plan_levels
@@ -159,6 +159,7 @@ def clear(plan: Plan) -> None:
                                 f"{running[0].user_attrs.get('worker', '?')}); let the tune finish or stop its workers "
                                 "first, or use --study NAME for a new study")
         if plan.settings.storage is None:
+            close_storage(plan.storage_url)
             (plan.out_dir / DEFAULT_STORAGE_FILE).unlink(missing_ok=True)
         else:
             for name in names:

@@ -129,7 +129,9 @@ class ServerSession:
         return head.identity if head is not None else spec.draft_model
 
     def point_context(self, spec: PointSpec) -> dict[str, Any]:
-        return {"backend": "server", "target_model": self.profile.target.model, "weight_mb": None}
+        vocabulary = next((d.vocabulary for d in self.profile.drafts if d.name == spec.draft), None)
+        return {"backend": "server", "target_model": self.profile.target.model, "weight_mb": None,
+                **({"vocabulary": vocabulary} if vocabulary is not None and spec.method == "draft" else {})}
 
     def gpu_uuids(self) -> tuple[str, ...]:
         """The GPUs of the running launch (an attached server's are unknown: not checked)."""
@@ -224,10 +226,11 @@ class ServerSession:
         head = self.heads.get(spec.draft)
         draft = head.reference if head is not None else (
             engine_reference(spec.draft_model, engine) if spec.draft_model else None)
+        vocabulary = next((d.vocabulary for d in self.profile.drafts if d.name == spec.draft), None)
         speculation = Speculation(spec.method, spec.gamma, draft,
                                   spec.ngram_min, spec.ngram_max,
                                   parse_schedule(spec.gamma_schedule) if spec.gamma_schedule else None,
-                                  spec.imposed_rates)
+                                  spec.imposed_rates, vocabulary)
         port = free_port()
         if self.settings.command is not None:
             values = {"target": target, "draft": speculation.draft_model or "", "host": HOST, "port": str(port)}
