@@ -214,7 +214,7 @@ def test_profiles_are_frozen():
 MODELS = ", ".join(BUILTIN_MODELS)
 SETS = ", ".join(BUILTIN_SETS)
 PROFILE_KEYS = "name, backend, server, device, dtype, target, drafts, sweep, workload, run, load, slo, capacity, cost"
-DRAFT_KEYS = "name, method, model, quantize, ngram_min, ngram_max, gamma_schedule, gamma, url, acceptance"
+DRAFT_KEYS = "name, method, model, quantize, ngram_min, ngram_max, gamma_schedule, gamma, url, acceptance, vocabulary"
 
 BAD_VALUES = [
     # (key, value or None to remove it, message after "<file>: ")
