@@ -96,7 +96,7 @@ CHECK_PYTHON = found=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_in
 	echo "specbench needs Python >= 3.11, and $(PYTHON) is $${found:+Python }$${found:-not found}: give a newer one, e.g. make PYTHON=python3.11 (Ubuntu 22.04: sudo apt install python3.11 python3.11-venv)"; \
 	exit 1; }
 
-.PHONY: install run test bench bench-whatif bench-capacity bench-aiperf gpu-check gpu-wheels bench-server bench-sharegpt clean check-python check-torch \
+.PHONY: install run test bench bench-whatif bench-cross-tokenizer bench-capacity bench-aiperf gpu-check gpu-wheels bench-server bench-sharegpt clean check-python check-torch \
 	engines engine-llama.cpp engine-vllm engine-sglang .engines/llama-server .engines/vllm
 
 install: $(STAMP)
@@ -228,6 +228,15 @@ bench-sharegpt: $(STAMP) engine-vllm
 # acceptance on the surface measured with imposed acceptance, beside the speedup measured (~25 min on 2 cores)
 bench-whatif: $(STAMP)
 	$(BIN)/python -m benches.whatif $(ARGS)
+
+# drafts with another tokenizer: the SmolLM2 against Qwen2.5-Coder-0.5B for the Qwen2.5-Coder-1.5B target on code
+# prompts, native (intersection and text) and vLLM CPU (use_heterogeneous_vocab); fetches the Qwen models (~25 min)
+bench-cross-tokenizer: $(STAMP) engine-vllm
+	$(BIN)/specbench models fetch qwen2.5-coder-1.5b-instruct
+	$(BIN)/specbench models fetch qwen2.5-coder-0.5b-instruct
+	$(BIN)/specbench run profiles/cross-tokenizer-cpu.toml $(ARGS)
+	$(BIN)/specbench run profiles/cross-tokenizer-vllm-cpu.toml $(ARGS)
+	$(BIN)/specbench report results/cross-tokenizer-cpu results/cross-tokenizer-vllm-cpu
 
 # the same capacity search run twice (ARGS="--runs 3"): how far apart its capacities land here (~21 min)
 bench-capacity: $(STAMP) engine-vllm

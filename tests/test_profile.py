@@ -70,6 +70,7 @@ def edited(key: tuple, value) -> dict:
 def test_the_shipped_profiles_and_the_default_is_one_of_them():
     assert [path.name for path in SHIPPED] == [
         "cross-tokenizer-cpu.toml",
+        "cross-tokenizer-vllm-cpu.toml",
         "llama-server-cpu.toml",
         "llama-server-eagle3.toml",
         "quickstart.toml",
