@@ -24,6 +24,7 @@ from specbench.backends.base import AfterPrompt, Observer, OnRequest
 from specbench.core.trace import Trace
 from specbench.core.errors import one_line
 from specbench.core.host import host_name
+from specbench.core import progress
 from specbench.heads.reference import head_folder_reference
 from specbench.models.load import LoadedModel, load_model, parameter_count
 from specbench.models.registry import ModelError
@@ -273,6 +274,7 @@ class InProcessSession:
                         trace = generate_one(ids, seed, budget)
                         rows.append(results.request_row(spec, point_key=point_key, prompt=prompt, repeat=repeat,
                                                         seed=seed, trace=trace))
+                        progress.mark()  # a shared tune's liveness: this worker answers requests
                         on_request()
                     if after_prompt is not None:
                         after_prompt(rows)

@@ -1,7 +1,7 @@
 """Liveness tied to progress. A trial of a shared tune sends Optuna's heartbeats from a thread of its own, which
 would keep beating while the worker's main thread hangs; specbench's storage records a heartbeat only while this
-process has made progress lately (`mark`: a trial begun or finished, a prompt done, a launch polled, bytes streamed
-from the engine). A worker stuck longer than the stall limit stops beating, its trial goes stale after
+process has made progress lately (`mark`: a trial begun or finished, a request answered in-process, a prompt done, a
+launch polled, bytes streamed from the engine). A worker stuck longer than the stall limit stops beating, its trial goes stale after
 Optuna's grace period, and a worker elsewhere retries it."""
 
 from __future__ import annotations
