@@ -26,9 +26,10 @@ from specbench.core.errors import one_line
 from specbench.core.host import host_name
 from specbench.core import progress
 from specbench.heads.reference import head_folder_reference
-from specbench.models.load import LoadedModel, load_model, parameter_count
+from specbench.models.load import LoadedModel, folder_identity, load_model, parameter_count
 from specbench.models.registry import ModelError
 from specbench.models.eagle3 import HeadError, load_head_model
+from specbench.models.medusa import load_medusa
 from specbench.profile import Profile, ProfileError
 from specbench.core.results import PointSpec
 from specbench.workloads.build import Workload, build_workload
@@ -196,6 +197,9 @@ def _load_drafts(profile: Profile, target: LoadedModel, *, heads: dict[str, str]
             except HeadError as error:
                 raise _head_error(profile, index, error) from None
             continue
+        if draft.method == "medusa":  # heads that do not fit the target stop the run before any point
+            drafts[draft.name] = _medusa(profile, index, target, device=device, dtype=dtype, observer=observer)
+            continue
         if draft.method != "draft":
             continue
         key = (draft.model, draft.quantize)
@@ -210,6 +214,23 @@ def _load_drafts(profile: Profile, target: LoadedModel, *, heads: dict[str, str]
                 loaded[key] = error
         drafts[draft.name] = loaded[key]
     return drafts
+
+
+def _medusa(profile: Profile, index: int, target: LoadedModel, *, device, dtype, observer) -> LoadedModel:
+    """A Medusa head folder (vLLM's format) checked against the target and every gamma it is swept at."""
+    draft = profile.drafts[index]
+    where = f"{profile.source}: " if profile.source else ""
+    folder = Path(str(draft.model)).expanduser()
+    observer.message(f"loading Medusa heads {draft.name}: {folder}")
+    try:
+        heads = load_medusa(folder, target.model, device=device, dtype=dtype)
+    except HeadError as error:
+        raise ProfileError(f"{where}drafts[{index}].model: {error}") from None
+    if (gamma := max(profile.gammas(draft))) > heads.num_heads:
+        raise ProfileError(f"{where}drafts[{index}]: the Medusa heads at {folder} propose {heads.num_heads} tokens a "
+                           f"step, gamma {gamma} asks for more: use gammas up to {heads.num_heads}")
+    size = sum(t.numel() * t.element_size() for t in heads.state_dict().values())
+    return LoadedModel(draft.model, heads, target.tokenizer, folder_identity(folder), size, None)
 
 
 def _eos_ids(target: LoadedModel) -> tuple[int, ...]:

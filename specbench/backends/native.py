@@ -9,6 +9,7 @@ import torch
 
 from specbench.backends.inprocess import GenerateOne, InProcessBackend, InProcessSession, LoadedModels
 from specbench.decoding.proposers import BaselineProposer, DraftModelProposer, NgramProposer, Proposer
+from specbench.decoding.medusa import MedusaProposer
 from specbench.decoding.vocab import CrossVocabularyProposer
 from specbench.decoding.eagle3 import Eagle3Proposer
 from specbench.decoding.decode import generate
@@ -105,12 +106,15 @@ class NativeSession(InProcessSession):
     def point_context(self, spec: PointSpec) -> dict[str, Any]:
         """kv_cache: "static" when the run decodes on static caches (its steps compiled), else "dynamic" and why."""
         reason = "run.compile is off" if not self.compiled else self.fallback
+        if spec.method == "medusa" and reason is None:
+            reason = "Medusa heads read the target's last norm through a hook: its points decode eagerly"
         return {**super().point_context(spec), "kv_cache": "dynamic" if reason else "static", "kv_cache_reason": reason}
 
     def generate_one(self, spec: PointSpec) -> GenerateOne:
         m = self.models
         proposer = self.proposer(spec)
-        target = self.decoding(m.target.model)
+        # Medusa reads the target's last norm through a hook: its points decode the target eagerly
+        target = m.target.model if spec.method == "medusa" else self.decoding(m.target.model)
         if isinstance(target, StaticModel):
             target.warm_up(range(1, (spec.gamma or 1) + 2))  # a gamma beyond the profile's compiles here, untimed
         return lambda ids, seed, max_new_tokens: generate(
@@ -124,6 +128,8 @@ class NativeSession(InProcessSession):
             return BaselineProposer(m.device)
         if spec.method == "ngram":
             return NgramProposer(ngram_min=spec.ngram_min, ngram_max=spec.ngram_max, device=m.device)
+        if spec.method == "medusa":
+            return MedusaProposer(m.draft_model(spec).model, m.target.model, device=m.device, name=spec.draft)
         if spec.method == "eagle3":
             target = self.static.get(id(m.target.model))  # compiled: the step keeps the head's aux states
             return Eagle3Proposer(m.draft_model(spec).model, m.target.model, device=m.device, name=spec.draft,

@@ -17,7 +17,7 @@ from specbench.profile.validation import URL_PATTERN, converted, rule, show
 
 
 DRAFT_MODEL_METHODS = ("draft", "eagle", "eagle3", "medusa")  # need a model: the draft, or the target's heads
-NATIVE_METHODS = ("draft", "ngram", "eagle3")  # what the native backend drafts with (hf: draft and ngram)
+NATIVE_METHODS = ("draft", "ngram", "eagle3", "medusa")  # what the native backend drafts with (hf: draft and ngram)
 
 
 class DraftSpec(Table):

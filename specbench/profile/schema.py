@@ -91,7 +91,7 @@ class Profile(Table):
                 raise rule(f'used only by backend = "server" (the profile runs backend "{self.backend}")',
                             at=("server",))
             for index, draft in enumerate(self.drafts):
-                has = "draft, ngram and eagle3" if self.backend == "native" else "draft and ngram"
+                has = "draft, ngram, eagle3 and medusa" if self.backend == "native" else "draft and ngram"
                 if draft.method in NATIVE_METHODS and draft.method in SERVER_ONLY_METHODS and self.backend != "native":
                     raise rule(f'"{draft.method}" runs on backend "native" or "server" (backend "{self.backend}" '
                                 f'has {has})', at=("drafts", index, "method"))
