@@ -168,3 +168,42 @@ def test_a_gamma_beyond_the_heads_is_refused_in_one_line(tmp_path, models_dir, m
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert result.exit_code == 2 and len(errors) == 1, result.output
     assert "propose 3 tokens a step, gamma 4 asks for more: use gammas up to 3" in errors[0]
+
+
+def test_heads_train_kind_medusa_distils_heads_that_a_run_drafts_with(tmp_path, monkeypatch):
+    """`specbench heads train --kind medusa` on a tiny target: heads in vLLM's format, each agreeing with the target's
+    greedy tokens on its training positions far more than Medusa's initialisation, cached; a run drafts with them."""
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+    from test_heads import PROMPTS
+    from tiny import WORDS, tiny_profile, write_model_folder
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    write_model_folder(tmp_path / "target", tiny_llama(vocab_size=len(WORDS), layers=2, init_std=0.3, seed=5))
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    args = ["heads", "train", "--kind", "medusa", "--target", "./target", "--workload", "prompts.jsonl",
+            "--max-prompts", "8", "--max-new-tokens", "16", "--epochs", "40", "--ttt-steps", "2",
+            "--learning-rate", "0.01", "--out", "heads", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout[result.stdout.index("{\n"):])
+    assert report["settings"]["kind"] == "medusa" and len(report["agreement"]) == 2
+    assert all(t > u + 0.2 for t, u in zip(report["train_agreement"], report["agreement_untrained"]))
+    assert report["losses"][1] < report["losses"][0]
+    assert json.loads((tmp_path / "heads" / "config.json").read_text())["num_heads"] == 2
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and json.loads(again.stdout[again.stdout.index("{\n"):])["cached"]
+    (tmp_path / "tiny.toml").write_text(
+        tiny_profile(gamma=(2,), temperature=(0.0,), max_new_tokens=12, repeats=1, warmup=0).replace(
+            '[[drafts]]\nname = "close"\nmethod = "draft"\nmodel = "./draft"\n',
+            '[[drafts]]\nname = "heads"\nmethod = "medusa"\nmodel = "./heads"\n'))
+    (tmp_path / "tiny.toml").write_text((tmp_path / "tiny.toml").read_text().replace(
+        '[workload]\nprompts = "prompts.jsonl"', '[workload]\nprompts = "prompts.jsonl"\nmax_prompts = 3'))
+    run = CliRunner().invoke(app, ["run", "tiny.toml", "--out", "out"])
+    assert run.exit_code == 0, run.output
+    points = pd.read_parquet(tmp_path / "out" / "points.parquet").set_index("point_id")
+    assert bool(points.loc["heads-g2-t0-p1", "outputs_match_baseline"])
+    assert points.loc["heads-g2-t0-p1", "acceptance_rate"] > 0

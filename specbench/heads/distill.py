@@ -98,7 +98,7 @@ def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_de
     if settings.draft_vocab_size > config.vocab_size:
         raise HeadError(f"--draft-vocab-size: {settings.draft_vocab_size} exceeds the target's vocabulary of "
                         f"{config.vocab_size} ids (use at most that, or 0 for all of it)")
-    prompts = _prompt_ids(settings, loaded.tokenizer)
+    prompts = prompt_ids(settings, loaded.tokenizer)
     train_ids, held_ids = split_held_out(len(prompts), held_out=settings.held_out, seed=settings.seed)
     seconds: dict[str, float] = {}
 
@@ -155,7 +155,7 @@ def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_de
     return report
 
 
-def _prompt_ids(settings: HeadSettings, tokenizer) -> list[list[int]]:
+def prompt_ids(settings: HeadSettings, tokenizer) -> list[list[int]]:
     from specbench.profile import WorkloadSpec
 
     try:  # sampled four times over, then the prompts up to max_prompt_tokens kept
@@ -197,12 +197,16 @@ def _frozen_embedding(model):
 
 
 def _store(head: Eagle3Head, report: HeadReport, folder: Path) -> None:
-    """Write the head and its report to a temporary folder, then move it into place (a concurrent run that
+    store_files(lambda tmp: save_head(head, tmp), report, folder)
+
+
+def store_files(write, report: HeadReport, folder: Path) -> None:
+    """`write(tmp)` the head and its report to a temporary folder, then move it into place (a concurrent run that
     finished first wins)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}-", dir=folder.parent))
     try:
-        save_head(head, tmp)
+        write(tmp)
         data = {k: v for k, v in asdict(report).items() if k not in ("folder", "cached")}
         (tmp / REPORT_FILE).write_text(json.dumps(data, indent=1) + "\n")
         if folder.exists():
