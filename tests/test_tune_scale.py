@@ -176,6 +176,8 @@ def test_a_worker_hung_in_a_point_stops_counting_as_alive_and_its_trial_is_retri
     hung.start()
     other = optuna.load_study(study_name="hung", storage=open_storage(url))
     deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not other.trials:  # the worker's first trial not asked for yet
+        time.sleep(0.05)
     while time.monotonic() < deadline and other.trials[0].state.name == "RUNNING":
         time.sleep(0.5)
         optuna.storages.fail_stale_trials(other)  # what every other worker does before each trial
