@@ -115,7 +115,7 @@ def fit(heads: MedusaHeads, data: tuple[torch.Tensor, torch.Tensor], *, settings
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             on_step(losses[-1])
     heads.eval()
     return losses or [float("nan")]
