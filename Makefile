@@ -96,7 +96,7 @@ CHECK_PYTHON = found=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_in
 	echo "specbench needs Python >= 3.11, and $(PYTHON) is $${found:+Python }$${found:-not found}: give a newer one, e.g. make PYTHON=python3.11 (Ubuntu 22.04: sudo apt install python3.11 python3.11-venv)"; \
 	exit 1; }
 
-.PHONY: install run test bench bench-whatif bench-cross-tokenizer bench-capacity bench-aiperf gpu-check gpu-wheels bench-server bench-sharegpt clean check-python check-torch \
+.PHONY: install run test bench bench-whatif bench-cross-tokenizer bench-medusa bench-capacity bench-aiperf gpu-check gpu-wheels bench-server bench-sharegpt clean check-python check-torch \
 	engines engine-llama.cpp engine-vllm engine-sglang .engines/llama-server .engines/vllm
 
 install: $(STAMP)
@@ -237,6 +237,14 @@ bench-cross-tokenizer: $(STAMP) engine-vllm
 	$(BIN)/specbench run profiles/cross-tokenizer-cpu.toml $(ARGS)
 	$(BIN)/specbench run profiles/cross-tokenizer-vllm-cpu.toml $(ARGS)
 	$(BIN)/specbench report results/cross-tokenizer-cpu results/cross-tokenizer-vllm-cpu
+
+# Medusa heads distilled for the embedded model (the EAGLE-3 head's default budget), then run on the native backend
+# and on vLLM CPU, the same prompts (~10 min)
+bench-medusa: $(STAMP) engine-vllm
+	$(BIN)/specbench heads train --kind medusa --target builtin:smollm2-135m-instruct --out results/medusa-heads
+	$(BIN)/specbench run benches/medusa-cpu.toml $(ARGS)
+	$(BIN)/specbench run benches/medusa-vllm-cpu.toml $(ARGS)
+	$(BIN)/specbench report results/medusa-cpu results/medusa-vllm-cpu
 
 # the same capacity search run twice (ARGS="--runs 3"): how far apart its capacities land here (~21 min)
 bench-capacity: $(STAMP) engine-vllm
