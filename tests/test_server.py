@@ -94,10 +94,15 @@ def test_greedy_outputs_at_concurrency_1_equal_the_baseline_and_every_level_has_
         assert row["status"] == "ok", (point_id, row["error"])
         assert row["speedup_ci_low"] <= row["speedup"] <= row["speedup_ci_high"]
         assert row["peak_memory_mb"] > 50  # the server's resident memory, not this process's
-        # what llama-server held, sampled from its /metrics: requests in its slots; it exposes no KV-cache usage
-        # (none since mid-2025) and no preemption counter: None, not a guess
-        assert row["requests_running_peak"] >= 1 and row["requests_waiting_peak"] >= 0, point_id
-        assert pd.isna(row["kv_cache_usage_peak"]) and pd.isna(row["preemptions"]) and row["metrics_samples"] >= 1
+        # what llama-server held, sampled from its /metrics every 0.5 s: requests in its slots; it exposes no KV-cache
+        # usage (none since mid-2025) and no preemption counter: None, not a guess. A short point at concurrency 1 can
+        # end before a sample, or be sampled between two requests (both seen in CI), so its peaks are read, not required
+        if row["metrics_samples"] >= 1:
+            assert row["requests_running_peak"] >= 0 and row["requests_waiting_peak"] >= 0, point_id
+        else:
+            assert pd.isna(row["requests_running_peak"]), point_id
+        assert pd.isna(row["kv_cache_usage_peak"]) and pd.isna(row["preemptions"])
+    assert points["metrics_samples"].sum() >= 1 and points["requests_running_peak"].max() >= 1  # the samples see slots
 
 
 def test_each_launch_happens_once_with_its_argv_and_log_and_no_server_is_left(sweep):
@@ -194,9 +199,9 @@ def test_attached_to_a_running_server_only_per_request_axes_are_swept_and_it_is_
         assert sorted(points["point_id"]) == ["baseline-t0-p1", "baseline-t0-p1-c2", "baseline-t0.8-p1",
                                               "baseline-t0.8-p1-c2"]
         assert (points["status"] == "ok").all()
-        # sampled attached too: requests of 48 tokens last over a second, so every point has samples taken while
-        # one ran (with 8 tokens a point could end between samples, or a sample be answered just after the end)
-        assert (points["metrics_samples"] >= 2).all() and (points["requests_running_peak"] >= 1).all()
+        # sampled attached too (every 0.5 s: a point of a few requests that llama-server answers in under a second each
+        # may see one sample, taken between two requests; seen in CI): the samples, over the points, see its slots
+        assert (points["metrics_samples"] >= 1).all() and points["requests_running_peak"].max() >= 1
         manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
         assert manifest["server"]["launches"] == []
         assert manifest["server"]["attached"] == f"http://127.0.0.1:{port}"
