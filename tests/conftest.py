@@ -30,6 +30,19 @@ SLOWEST_SHOWN = 15
 CPU = device_name(torch.device("cpu"))
 
 
+def _cpu_flags() -> frozenset[str]:
+    """The processor's feature flags (Linux's /proc/cpuinfo; none elsewhere): "AMD EPYC" names several kinds."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+CPU_FLAGS = _cpu_flags()
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> Path:
     """The tiny target and its near-copy draft (tests/tiny.py), written once for the session."""
@@ -76,17 +89,22 @@ def _ungrouped(nodeid: str) -> str:
     return test if test and group in GROUPS.values() else nodeid
 
 
-def machine_budget(cpu_model: str, budget: dict) -> dict:
-    """The budget of the first [[machine]] whose `match` is in the processor's name; else the last (the slowest)."""
+def machine_budget(cpu_model: str, budget: dict, cpu_flags: frozenset[str] = frozenset()) -> dict:
+    """The budget of the first [[machine]] whose `match` is in the processor's name and whose `flags` (if any) the
+    processor has; else the last (the slowest)."""
     for machine in budget["machine"]:
-        if machine["match"] in cpu_model:
+        if machine["match"] in cpu_model and set(machine.get("flags", ())) <= cpu_flags:
             return machine
     return budget["machine"][-1]
 
 
+def machine_label(machine: dict) -> str:
+    return " ".join([machine["match"], *(f"+{flag}" for flag in machine.get("flags", ()))])
+
+
 def over_budget(spent: dict[str, float], machine: dict) -> list[str]:
     """One line per budget `spent` passes: which, by how much, and whose budget it was."""
-    return [f"{key} {spent[key]:.0f} s > {machine[key]} s ({machine['match']}, {BUDGET.name})"
+    return [f"{key} {spent[key]:.0f} s > {machine[key]} s ({machine_label(machine)}, {BUDGET.name})"
             for key in ("engine_tests_s", "suite_s") if spent[key] > machine[key]]
 
 
@@ -120,7 +138,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def _machine() -> dict:
-    return machine_budget(CPU, tomllib.loads(BUDGET.read_text()))
+    return machine_budget(CPU, tomllib.loads(BUDGET.read_text()), CPU_FLAGS)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -135,6 +153,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     total, machine = spent(seconds, engine_tests), _machine()
     write(f"real-engine tests: {len(engine_tests)}, {total['engine_tests_s']:.0f} s of {machine['engine_tests_s']} s; "
           f"all {len(seconds)} tests {total['suite_s']:.0f} s of {machine['suite_s']} s "
-          f"({CPU}: budget '{machine['match']}' in tests/{BUDGET.name})")
+          f"({CPU}: budget '{machine_label(machine)}' in tests/{BUDGET.name})")
     for line in getattr(config, "_budget_exceeded", []):
         terminalreporter.write_line(f"over budget: {line}", red=True)

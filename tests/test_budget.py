@@ -20,6 +20,17 @@ def test_the_processor_picks_its_budget_and_an_unknown_one_gets_the_slowest():
     assert machine_budget("Apple M3", BUDGETS) == BUDGETS["machine"][-1]
 
 
+def test_one_processor_name_for_two_kinds_is_told_apart_by_its_flags():
+    """"AMD EPYC" names the Zen 4 machines (AVX-512, about twice as fast here) and the older AVX2 ones, the slowest."""
+    zen4 = machine_budget("AMD EPYC", BUDGETS, frozenset({"avx2", "avx512f", "avx512_bf16"}))
+    older = machine_budget("AMD EPYC", BUDGETS, frozenset({"avx2", "fma"}))
+    assert zen4["flags"] and set(zen4["flags"]) <= {"avx512f", "avx512_bf16"} and "flags" not in older
+    assert zen4["suite_s"] < older["suite_s"] and zen4["engine_tests_s"] < older["engine_tests_s"]
+    assert older == BUDGETS["machine"][-1]  # the slowest kind seen is the default
+    assert over_budget({"engine_tests_s": 1.0, "suite_s": 1e9}, zen4)[0].endswith(
+        f"({zen4['match']} +{' +'.join(zen4['flags'])}, budget.toml)")
+
+
 def test_only_a_budget_passed_is_reported():
     machine = {"match": "Intel", "engine_tests_s": 100, "suite_s": 300}
     assert over_budget({"engine_tests_s": 100.0, "suite_s": 299.0}, machine) == []
