@@ -25,6 +25,9 @@ from test_sampling import P_MIN, TOKENS, VOCAB, empirical_joint, exact_joint, in
 from tiny import DEVICE, perturbed, tiny_llama, tiny_profile, write_project
 
 CAPACITY = len(PROMPT) + MAX_NEW + BUCKETS[-1]
+# one worker runs the module, so each module fixture compiles its models once (on two workers, `models` compiled twice:
+# 25 s and 22 s of setup in one CI run on a 2-core AMD EPYC)
+pytestmark = pytest.mark.xdist_group("static")
 
 
 @pytest.fixture(scope="module")
