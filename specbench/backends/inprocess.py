@@ -26,7 +26,7 @@ from specbench.core.errors import one_line
 from specbench.core.host import host_name
 from specbench.core import progress
 from specbench.heads.reference import head_folder_reference
-from specbench.models.load import LoadedModel, folder_identity, load_model, parameter_count
+from specbench.models.load import LoadedModel, folder_identity, load_model, parameter_count, weight_bytes
 from specbench.models.registry import ModelError
 from specbench.models.eagle3 import HeadError, load_head_model
 from specbench.models.medusa import load_medusa
@@ -229,8 +229,7 @@ def _medusa(profile: Profile, index: int, target: LoadedModel, *, device, dtype,
     if (gamma := max(profile.gammas(draft))) > heads.num_heads:
         raise ProfileError(f"{where}drafts[{index}]: the Medusa heads at {folder} propose {heads.num_heads} tokens a "
                            f"step, gamma {gamma} asks for more: use gammas up to {heads.num_heads}")
-    size = sum(t.numel() * t.element_size() for t in heads.state_dict().values())
-    return LoadedModel(draft.model, heads, target.tokenizer, folder_identity(folder), size, None)
+    return LoadedModel(draft.model, heads, target.tokenizer, folder_identity(folder), weight_bytes(heads), None)
 
 
 def _eos_ids(target: LoadedModel) -> tuple[int, ...]:

@@ -18,7 +18,8 @@ import torch
 from pydantic import ValidationError
 
 from specbench.decoding import devices
-from specbench.heads.data import IGNORE, capture_examples, draft_vocabulary, greedy_continuations, split_held_out
+from specbench.heads.data import (IGNORE, Example, capture_examples, draft_vocabulary, greedy_continuations,
+                                  split_held_out)
 from specbench.heads.train import TrainSettings, agreement, fit, make_batches
 from specbench.models.registry import cache_dir
 from specbench.models.load import load_model, load_tokenizer
@@ -98,25 +99,10 @@ def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_de
     if settings.draft_vocab_size > config.vocab_size:
         raise HeadError(f"--draft-vocab-size: {settings.draft_vocab_size} exceeds the target's vocabulary of "
                         f"{config.vocab_size} ids (use at most that, or 0 for all of it)")
-    prompts = prompt_ids(settings, loaded.tokenizer)
-    train_ids, held_ids = split_held_out(len(prompts), held_out=settings.held_out, seed=settings.seed)
-    seconds: dict[str, float] = {}
-
-    observer.phase("greedy continuations", len(prompts))
-    clock = time.perf_counter()
-    eos = sorted({i for i in (loaded.tokenizer.eos_token_id, config.eos_token_id) if isinstance(i, int)})
-    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else eos[0]
-    continuations = greedy_continuations(model, prompts, max_new_tokens=settings.max_new_tokens, eos_token_ids=eos,
-                                         pad_token_id=pad, batch_size=settings.generate_batch, on_batch=observer.advance)
-    devices.synchronize(torch_device)
-    seconds["generate"] = time.perf_counter() - clock
-
-    observer.phase("target states", len(prompts))
-    clock = time.perf_counter()
     layer_ids = default_aux_layers(config.num_hidden_layers)
-    examples = capture_examples(model, prompts, continuations, layer_ids=layer_ids, on_example=observer.advance)
-    devices.synchronize(torch_device)
-    seconds["capture"] = time.perf_counter() - clock
+    continuations, examples, seconds = target_examples(loaded, settings=settings, observer=observer,
+                                                       torch_device=torch_device, layer_ids=layer_ids)
+    train_ids, held_ids = split_held_out(len(examples), held_out=settings.held_out, seed=settings.seed)
     train_set, held_set = [examples[i] for i in train_ids], [examples[i] for i in held_ids]
 
     torch.manual_seed(settings.seed)
@@ -155,7 +141,31 @@ def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_de
     return report
 
 
-def prompt_ids(settings: HeadSettings, tokenizer) -> list[list[int]]:
+def target_examples(loaded, *, settings: HeadSettings, observer: Observer, torch_device: torch.device,
+                    layer_ids: list[int]) -> tuple[list[list[int]], list[Example], dict[str, float]]:
+    """What every head kind is distilled from: the target's greedy continuations of the settings' prompts, then its
+    hidden states at `layer_ids` over prompt + continuation (one Example per prompt), with the seconds of each."""
+    model, config, tokenizer = loaded.model, loaded.model.config, loaded.tokenizer
+    prompts = _prompt_ids(settings, tokenizer)
+    seconds: dict[str, float] = {}
+    observer.phase("greedy continuations", len(prompts))
+    clock = time.perf_counter()
+    eos = sorted({i for i in (tokenizer.eos_token_id, config.eos_token_id) if isinstance(i, int)})
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    continuations = greedy_continuations(model, prompts, max_new_tokens=settings.max_new_tokens, eos_token_ids=eos,
+                                         pad_token_id=pad, batch_size=settings.generate_batch, on_batch=observer.advance)
+    devices.synchronize(torch_device)
+    seconds["generate"] = time.perf_counter() - clock
+
+    observer.phase("target states", len(prompts))
+    clock = time.perf_counter()
+    examples = capture_examples(model, prompts, continuations, layer_ids=layer_ids, on_example=observer.advance)
+    devices.synchronize(torch_device)
+    seconds["capture"] = time.perf_counter() - clock
+    return continuations, examples, seconds
+
+
+def _prompt_ids(settings: HeadSettings, tokenizer) -> list[list[int]]:
     from specbench.profile import WorkloadSpec
 
     try:  # sampled four times over, then the prompts up to max_prompt_tokens kept

@@ -13,8 +13,9 @@ from dataclasses import asdict
 import torch
 
 from specbench.decoding import devices
-from specbench.heads.data import IGNORE, Example, capture_examples, greedy_continuations, split_held_out
-from specbench.heads.distill import REPORT_FILE, Observer, head_key, heads_dir, prompt_ids, read_report, store_files
+from specbench.heads.data import IGNORE, Example, split_held_out
+from specbench.heads.distill import (REPORT_FILE, Observer, head_key, heads_dir, read_report, store_files,
+                                     target_examples)
 from specbench.heads.settings import HeadReport, HeadSettings
 from specbench.models.load import load_model, load_tokenizer
 from specbench.models.medusa import MedusaHeads, save_medusa
@@ -36,30 +37,21 @@ def train_medusa(target: str, *, settings: HeadSettings, observer: Observer, dev
     observer.message(f"loading target {target}")
     loaded = load_model(target, device=torch_device, dtype=dtype)
     model, config = loaded.model, loaded.model.config
-    prompts = prompt_ids(settings, loaded.tokenizer)
-    train_ids, held_ids = split_held_out(len(prompts), held_out=settings.held_out, seed=settings.seed)
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter()
-    observer.phase("greedy continuations", len(prompts))
-    eos = sorted({i for i in (loaded.tokenizer.eos_token_id, config.eos_token_id) if isinstance(i, int)})
-    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else eos[0]
-    continuations = greedy_continuations(model, prompts, max_new_tokens=settings.max_new_tokens, eos_token_ids=eos,
-                                         pad_token_id=pad, batch_size=settings.generate_batch, on_batch=observer.advance)
-    seconds["generate"], clock = time.perf_counter() - clock, time.perf_counter()
-    observer.phase("target states", len(prompts))
-    examples = capture_examples(model, prompts, continuations, layer_ids=[config.num_hidden_layers],
-                                on_example=observer.advance)  # the input of the last norm, normed below
+    # the input of the last norm, normed below
+    continuations, examples, seconds = target_examples(loaded, settings=settings, observer=observer,
+                                                       torch_device=torch_device, layer_ids=[config.num_hidden_layers])
+    train_ids, held_ids = split_held_out(len(examples), held_out=settings.held_out, seed=settings.seed)
     norm = model.get_decoder().norm
     heads_count = settings.ttt_steps
     train_set = positions([examples[i] for i in train_ids], norm, heads=heads_count, device=torch_device)
     held_set = positions([examples[i] for i in held_ids], norm, heads=heads_count, device=torch_device)
-
-    seconds["capture"], clock = time.perf_counter() - clock, time.perf_counter()
+    clock = time.perf_counter()
     torch.manual_seed(settings.seed)
     heads = MedusaHeads.from_target(model, num_heads=heads_count)
     untrained = agreement(heads, held_set)
     observer.phase("training", settings.epochs * max(1, -(-len(train_set[0]) // settings.batch_tokens)))
     losses = fit(heads, train_set, settings=settings, on_step=lambda loss: observer.advance(note=f"loss {loss:.3f}"))
+    devices.synchronize(torch_device)
     seconds["train"] = time.perf_counter() - clock
     seconds["total"] = time.perf_counter() - started
     report = HeadReport(
