@@ -58,6 +58,15 @@ def test_heads_for_another_hidden_size_are_refused_in_one_line(tmp_path, target)
     assert "\n" not in str(error.value)
 
 
+def test_a_config_without_a_head_count_is_refused_in_one_line(tmp_path, target):
+    folder = save_medusa(noisy_heads(target), tmp_path / "heads")
+    config = json.loads((folder / "config.json").read_text())
+    del config["num_heads"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(HeadError, match=r"config\.json: num_heads must be an integer >= 1 \(got None\)$"):
+        load_medusa(folder, target)
+
+
 def test_every_head_reads_the_row_that_chose_the_newest_token(target):
     """At every step of a real decode, the proposals equal the heads applied to the target's last-norm output, computed
     afresh without a cache, at the row that chose the sequence's newest token."""

@@ -67,21 +67,14 @@ class MedusaHeads(nn.Module):
                 "truncated_vocab_size": self.vocab_size, "medusa_fc_bias": self.bias}
 
 
-def save_medusa(heads: MedusaHeads, folder: Path, *, extra: dict | None = None) -> Path:
+def save_medusa(heads: MedusaHeads, folder: Path) -> Path:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps({**heads.config(), **(extra or {})}, indent=2) + "\n")
+    (folder / CONFIG_FILE).write_text(json.dumps(heads.config(), indent=2) + "\n")
     save_file({name: tensor.detach().contiguous().cpu() for name, tensor in heads.state_dict().items()},
               str(folder / WEIGHTS_FILE))
     return folder
-
-
-def is_medusa_folder(folder: Path) -> bool:
-    try:
-        return json.loads((folder / CONFIG_FILE).read_text()).get("model_type") == "medusa"
-    except (OSError, ValueError):
-        return False
 
 
 def load_medusa(folder: Path, target: nn.Module, *, device: torch.device | str = "cpu",
@@ -104,7 +97,10 @@ def load_medusa(folder: Path, target: nn.Module, *, device: torch.device | str =
     if config.get("vocab_size") != vocab or config.get("truncated_vocab_size", vocab) != vocab:
         raise HeadError(f"{folder}: the Medusa heads propose over {config.get('vocab_size')} tokens, the target has "
                         f"{vocab} (a truncated vocabulary with a token_map is not run here)")
-    heads = MedusaHeads(hidden_size=hidden, vocab_size=vocab, num_heads=int(config["num_heads"]),
+    count = config.get("num_heads")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise HeadError(f"{folder}: {CONFIG_FILE}: num_heads must be an integer >= 1 (got {count!r})")
+    heads = MedusaHeads(hidden_size=hidden, vocab_size=vocab, num_heads=count,
                         num_layers=int(config.get("num_hidden_layers", 1)), bias=bool(config.get("medusa_fc_bias")))
     try:
         heads.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
