@@ -4,22 +4,23 @@ same prompts at temperature 0. Each engine's acceptance comes from its own count
 equal each backend's baseline (llama.cpp's, reported as its numerics where they differ); no engine is left running;
 and per-position acceptance agrees across the three.
 
-Measured with the quick preset's head (6 prompts, 48 tokens, gamma 3): native and llama.cpp accepted [16, 2, 0] at positions 1-3, request by
-request the same counts; vLLM [18, 2, 0]. The difference is not numerics but a counting convention: at a request's
-last step vLLM still drafts gamma tokens and counts those it accepts past max_tokens (then drops them), where native
-and llama.cpp draft only what the budget has room for (264 vLLM drafts = native's 264 target steps; 757 drafted
-tokens natively and in llama.cpp against vLLM's 792). With 256 tokens, where five of six requests end at EOS, native
-and vLLM both accept [72, 5, 0]. So: llama.cpp equals native within one token per position (numerics); vLLM lies
-between native's counts and native's plus one per position for each request that ended at its length limit.
+Measured with the head below (5 prompts, 32 tokens, gamma 3; 2026-12-06, AMD EPYC Zen 4): native and llama.cpp
+accepted [36, 27, 19] at positions 1-3, vLLM [36, 29, 19]; with an earlier head distilled on other prompts (6 prompts
+of 48 tokens) [16, 2, 0], request by request the same counts, and vLLM [18, 2, 0]. The difference is not numerics
+but a counting convention: at a request's last step vLLM still drafts gamma tokens and counts those it accepts past
+max_tokens (then drops them), where native and llama.cpp draft only what the budget has room for (the earlier head:
+264 vLLM drafts = native's 264 target steps; 757 drafted tokens natively and in llama.cpp against vLLM's 792). With
+256 tokens, where five of six requests end at EOS, native and vLLM both accepted [72, 5, 0]. So: llama.cpp equals
+native within one token per position (numerics); vLLM lies between native's counts and native's plus one per
+position for each request that ended at its length limit.
 
-Fewer requests do not do: with 4 prompts of 32 tokens (the first prompt of each category) the machine's cached
-head accepted nothing on any backend, so the test keeps 6 prompts and 48 tokens. Each step's seconds are printed
-with the positions (pytest -s): 4 prompts x 32 tokens alone on the AMD EPYC took native 79 s, vLLM 128 s (two
-launches), the target to GGUF 12 s, llama.cpp 60 s, the head taken from the cache.
-
-The head is distilled once, by `specbench heads train --quick` with fewer prompts and epochs (24 prompts, 8 epochs:
-about 2 minutes on a 2-core AMD EPYC, where the quick preset's 48 prompts and 20 epochs took 8), and the same folder
-is given to all three backends; `trained:PRESET` in a profile is tested on a tiny target (tests/test_heads.py).
+The head is distilled for this test, on its own prompts (`specbench heads train --quick` on the five prompts below,
+32 tokens each, 30 epochs; one prompt held out): it has learnt four of the five continuations (train agreement
+85/81/85 % at positions 1-3, 28 s on the Zen 4 EPYC), so every backend accepts nearly half its drafts (0.45) and the
+per-position comparison counts tens of tokens at every position. A head distilled on other prompts (the quick
+preset's sharegpt prompts, 24 of them, 8 epochs: 81 s) drafted for 6 prompts of 48 tokens and was accepted 7 times
+at position 1 and never after: a comparison of near-zeros, and the three runs twice as long. `trained:PRESET` in a
+profile is tested on a tiny target (tests/test_heads.py).
 llama-server runs the target as an f32 GGUF converted here from the same safetensors folder native and vLLM load
 (the embedded Q4_1 file would be a different model's numerics). Skipped where an engine is not installed."""
 
@@ -66,9 +67,9 @@ gamma = [3]
 temperature = [0.0]
 concurrency = [1]
 [workload]
-prompts = "builtin:mixed"
-max_prompts = 6
-max_new_tokens = 48
+prompts = "prompts.jsonl"
+max_prompts = 5
+max_new_tokens = 32
 [run]
 repeats = 1
 warmup = 1
@@ -110,15 +111,22 @@ def _run(folder: Path, name: str, text: str, head: str) -> tuple[pd.DataFrame, p
             result.stdout)
 
 
-# the quick preset with half its prompts and 8 of its 20 epochs: a head that drafts (held-out agreement ~0.1 at
-# position 1, as the preset's) for a quarter of the distillation
-HEAD_SETTINGS = ["--quick", "--max-prompts", "24", "--epochs", "8", "--device", "cpu"]
+PROMPTS = ["Explain in two sentences why the sky is blue.",
+           "Write a Python function that returns the factorial of n.",
+           "Translate into French: The train leaves at eight tomorrow morning, and the tickets are on the table.",
+           "List three tips for keeping houseplants healthy.",
+           "What is 17 times 23? Show the steps."]
+# the quick preset's head shape, distilled on the prompts the three backends then run, to their 32 tokens
+HEAD_SETTINGS = ["--quick", "--workload", "prompts.jsonl", "--max-prompts", "5", "--max-new-tokens", "32",
+                 "--epochs", "30", "--device", "cpu"]
 
 
 def _distil(folder: Path) -> str:
+    (folder / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "category": "mixed", "messages": [
+        {"role": "user", "content": prompt}]}) + "\n" for i, prompt in enumerate(PROMPTS)))
     result = subprocess.run([sys.executable, "-m", "specbench.cli", "heads", "train", "--target", TARGET,
                              *HEAD_SETTINGS, "--out", str(folder / "head")],
-                            capture_output=True, text=True, timeout=1200)
+                            cwd=folder, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return str(folder / "head")
 
@@ -191,7 +199,7 @@ def test_llama_cpp_runs_the_converted_head_from_its_counters(runs):
 @needs_llama
 def test_llama_cpp_accepts_what_native_accepts_at_every_position(runs):
     native, llama = _accepted(runs, "native"), _accepted(runs, "llama.cpp")
-    assert len(native) == len(llama) == 3 and sum(native) > 0
+    assert len(native) == len(llama) == 3 and min(native) > 0  # accepted at every position
     assert all(abs(a - b) <= 1 for a, b in zip(native, llama)), (native, llama)
 
 
@@ -200,5 +208,5 @@ def test_vllm_accepts_what_native_accepts_plus_its_drafts_past_the_length_limit(
     native, vllm = _accepted(runs, "native"), _accepted(runs, "vllm")
     requests = runs[0]["vllm"][1]
     at_limit = int((requests[requests["point_id"].str.startswith("eagle3")]["finish_reason"] == "length").sum())
-    assert len(native) == len(vllm) == 3 and sum(native) > 0
+    assert len(native) == len(vllm) == 3 and min(native) > 0
     assert all(a - 1 <= b <= a + at_limit for a, b in zip(native, vllm)), (native, vllm, at_limit)
