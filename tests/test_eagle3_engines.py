@@ -1,8 +1,9 @@
 """One EAGLE-3 head, three backends, one answer: a head distilled here for the embedded SmolLM2 (or taken from the
 machine's cache) run by the native backend, by vLLM's CPU build and by llama-server on the
-same prompts at temperature 0. Each engine's acceptance comes from its own counters and is above zero; greedy outputs
-equal each backend's baseline (llama.cpp's, reported as its numerics where they differ); no engine is left running;
-and per-position acceptance agrees across the three.
+same prompts at temperature 0; and Medusa heads distilled the same way, run by the native backend and by vLLM (llama.cpp
+runs no Medusa). Each engine's acceptance comes from its own counters and is above zero at every position; greedy
+outputs equal each backend's baseline (llama.cpp's, reported as its numerics where they differ); no engine is left
+running; and per-position acceptance agrees across the backends.
 
 Measured with the head below (5 prompts, 32 tokens, gamma 3; 2026-12-06, AMD EPYC Zen 4): native and llama.cpp
 accepted [36, 27, 19] at positions 1-3, vLLM [36, 29, 19]; with an earlier head distilled on other prompts (6 prompts
@@ -62,7 +63,7 @@ COMMON = """
 name = "eagle3"
 method = "eagle3"
 model = "{head}"
-[sweep]
+{medusa}[sweep]
 gamma = [3]
 temperature = [0.0]
 concurrency = [1]
@@ -101,8 +102,18 @@ model = "{target}"
 }
 
 
-def _run(folder: Path, name: str, text: str, head: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    (folder / f"{name}.toml").write_text(text + COMMON.format(head=head))
+# Medusa heads on the backends that run them (llama.cpp has no Medusa)
+MEDUSA = """[[drafts]]
+name = "medusa"
+method = "medusa"
+model = "{heads}"
+"""
+
+
+def _run(folder: Path, name: str, text: str, head: str, medusa: str | None = None
+         ) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    drafts = MEDUSA.format(heads=medusa) if medusa else ""
+    (folder / f"{name}.toml").write_text(text + COMMON.format(head=head, medusa=drafts))
     result = subprocess.run([sys.executable, "-m", "specbench.cli", "run", f"{name}.toml", "--out", name], cwd=folder,
                             capture_output=True, text=True, timeout=2400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -116,33 +127,37 @@ PROMPTS = ["Explain in two sentences why the sky is blue.",
            "Translate into French: The train leaves at eight tomorrow morning, and the tickets are on the table.",
            "List three tips for keeping houseplants healthy.",
            "What is 17 times 23? Show the steps."]
-# the quick preset's head shape, distilled on the prompts the three backends then run, to their 32 tokens
-HEAD_SETTINGS = ["--quick", "--workload", "prompts.jsonl", "--max-prompts", "5", "--max-new-tokens", "32",
-                 "--epochs", "30", "--device", "cpu"]
+# the quick preset's head shape, distilled on the prompts the backends then run, to their 32 tokens; Medusa's three
+# heads learn them in fewer epochs (each head has the target's whole vocabulary: 8 epochs took 14 s, 30 took 51)
+SAME_PROMPTS = ["--quick", "--workload", "prompts.jsonl", "--max-prompts", "5", "--max-new-tokens", "32", "--device", "cpu"]
+HEAD_SETTINGS = {"eagle3": [*SAME_PROMPTS, "--epochs", "30"], "medusa": [*SAME_PROMPTS, "--epochs", "8"]}
 
 
-def _distil(folder: Path) -> str:
-    (folder / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "category": "mixed", "messages": [
-        {"role": "user", "content": prompt}]}) + "\n" for i, prompt in enumerate(PROMPTS)))
-    result = subprocess.run([sys.executable, "-m", "specbench.cli", "heads", "train", "--target", TARGET,
-                             *HEAD_SETTINGS, "--out", str(folder / "head")],
+def _distil(folder: Path, kind: str) -> str:
+    if not (folder / "prompts.jsonl").exists():
+        (folder / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "category": "mixed", "messages": [
+            {"role": "user", "content": prompt}]}) + "\n" for i, prompt in enumerate(PROMPTS)))
+    result = subprocess.run([sys.executable, "-m", "specbench.cli", "heads", "train", "--kind", kind, "--target", TARGET,
+                             *HEAD_SETTINGS[kind], "--out", str(folder / kind)],
                             cwd=folder, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return str(folder / "head")
+    return str(folder / kind)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("eagle3-engines")
+    folder = tmp_path_factory.mktemp("three-backends")  # not "eagle3": vLLM reads a method off a path
     before = processes_running(b"vllm") | processes_running(b"llama-server")
     seconds: dict[str, float] = {}  # what each step took, printed with the positions (pytest -s shows them)
     with _timed(seconds, "distillation"):
-        head = _distil(folder)
+        head = _distil(folder, "eagle3")
+    with _timed(seconds, "medusa distillation"):
+        medusa = _distil(folder, "medusa")
     with _timed(seconds, "native"):
-        done = {"native": _run(folder, "native", PROFILES["native"], head=head)}
+        done = {"native": _run(folder, "native", PROFILES["native"], head=head, medusa=medusa)}
     if VLLM_PYTHON.exists():
         with _timed(seconds, "vllm"):
-            done["vllm"] = _run(folder, "vllm", PROFILES["vllm"], head=head)
+            done["vllm"] = _run(folder, "vllm", PROFILES["vllm"], head=head, medusa=medusa)
     if CONVERTER is not None:
         with _timed(seconds, "target to GGUF"):
             target = to_gguf(hf_folder(TARGET), folder / "target-f32.gguf", converter=CONVERTER)
@@ -161,27 +176,32 @@ def _timed(seconds: dict[str, float], step: str):
     seconds[step] = round(time.monotonic() - started, 1)
 
 
-def _accepted(runs, name: str) -> list[int]:
-    return [int(x) for x in runs[0][name][0].loc["eagle3", "accepted_per_position"]]
+def _accepted(runs, name: str, draft: str = "eagle3") -> list[int]:
+    return [int(x) for x in runs[0][name][0].loc[draft, "accepted_per_position"]]
 
 
 def _positions(points: pd.DataFrame) -> dict:
-    row = points.loc["eagle3"]
+    return {draft: _draft_positions(row) for draft, row in points[points["method"] != "baseline"].iterrows()}
+
+
+def _draft_positions(row: pd.Series) -> dict:
     return {"acceptance_rate": float(row["acceptance_rate"]), "mal": float(row["mean_accepted_length"]),
             "accepted_per_position": [int(x) for x in row["accepted_per_position"]],
             "drafts": int(row["engine_drafts"]) if pd.notna(row.get("engine_drafts")) else None}
 
 
-def test_native_head_is_lossless_and_drafts(runs):
+@pytest.mark.parametrize("draft", ["eagle3", "medusa"])
+def test_native_head_is_lossless_and_drafts(runs, draft):
     points, requests, _ = runs[0]["native"]
-    assert points.loc["eagle3", "outputs_match_baseline"]
-    assert points.loc["eagle3", "acceptance_rate"] > 0
+    assert points.loc[draft, "outputs_match_baseline"]
+    assert points.loc[draft, "acceptance_rate"] > 0 and min(_accepted(runs, "native", draft)) > 0
 
 
 @needs_vllm
-def test_vllm_runs_the_head_from_its_per_request_counts(runs):
+@pytest.mark.parametrize("draft", ["eagle3", "medusa"])
+def test_vllm_runs_the_head_from_its_per_request_counts(runs, draft):
     points, _, _ = runs[0]["vllm"]
-    row = points.loc["eagle3"]
+    row = points.loc[draft]
     assert row["acceptance_source"] == "requests" and row["engine_accepted_tokens"] > 0
     assert row["outputs_match_baseline"]
     assert not runs[1], f"engines left running: {runs[1]}"
@@ -204,9 +224,10 @@ def test_llama_cpp_accepts_what_native_accepts_at_every_position(runs):
 
 
 @needs_vllm
-def test_vllm_accepts_what_native_accepts_plus_its_drafts_past_the_length_limit(runs):
-    native, vllm = _accepted(runs, "native"), _accepted(runs, "vllm")
+@pytest.mark.parametrize("draft", ["eagle3", "medusa"])
+def test_vllm_accepts_what_native_accepts_plus_its_drafts_past_the_length_limit(runs, draft):
+    native, vllm = _accepted(runs, "native", draft), _accepted(runs, "vllm", draft)
     requests = runs[0]["vllm"][1]
-    at_limit = int((requests[requests["point_id"].str.startswith("eagle3")]["finish_reason"] == "length").sum())
+    at_limit = int((requests[requests["point_id"].str.startswith(draft)]["finish_reason"] == "length").sum())
     assert len(native) == len(vllm) == 3 and min(native) > 0
     assert all(a - 1 <= b <= a + at_limit for a, b in zip(native, vllm)), (native, vllm, at_limit)

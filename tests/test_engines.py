@@ -207,3 +207,46 @@ def test_greedy_requests_carry_no_seed_and_sampled_ones_do():
     sampled = payload(Request(0, [{"role": "user", "content": "hi"}], 0.8, 0.9, 8, seed=7), model="m")
     assert "seed" not in greedy and "top_p" not in greedy
     assert (sampled["seed"], sampled["top_p"]) == (7, 0.9)
+
+
+def test_a_draft_whose_path_vllm_reads_as_another_method_is_refused(tmp_path, monkeypatch):
+    """vLLM 0.32 reads a method off the draft's path whatever method it is given but eagle/eagle3: Medusa heads in a
+    folder whose path holds "eagle3" failed to start as an "Eagle3MedusaModel" (tests/test_eagle3_engines.py ran them
+    so once). Refused in one line naming the draft's model, exit 2, nothing written; EAGLE-3 heads may live there."""
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    vllm = ENGINES["vllm"]
+    for method, path in (("medusa", "/runs/eagle3-vs-medusa/medusa"), ("draft", "/models/EAGLE-qwen/draft"),
+                         ("draft", "/m/dflash-small")):
+        with pytest.raises(EngineError, match="move or link the") as error:
+            vllm.speculation_args(Speculation(method, 3, draft_model=path))
+        assert error.value.field == "model"
+    assert json.loads(vllm.speculation_args(Speculation("eagle3", 3, draft_model="/runs/eagle3-heads/h"))[1])["model"] \
+        == "/runs/eagle3-heads/h"
+    monkeypatch.chdir(tmp_path)
+    heads = tmp_path / "eagle3-vs-medusa" / "medusa"
+    heads.mkdir(parents=True)
+    (tmp_path / "p.toml").write_text(f"""name = "p"
+backend = "server"
+[server]
+engine = "vllm"
+[target]
+model = "builtin:smollm2-135m-instruct"
+[[drafts]]
+name = "medusa"
+method = "medusa"
+model = "{heads}"
+[sweep]
+gamma = [3]
+temperature = [0.0]
+[workload]
+prompts = "builtin:mixed"
+""")
+    result = CliRunner().invoke(app, ["run", "p.toml"])
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"error: p.toml: drafts[0].model: vLLM takes a draft whose path contains 'eagle3' "
+                                     f"for an EAGLE-3 draft, whatever method it is given ({heads}): move or link the "
+                                     "medusa draft to a path without 'eagle3'")
+    assert not (tmp_path / "results").exists()

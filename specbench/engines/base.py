@@ -16,7 +16,12 @@ Schedule = tuple[tuple[int, int, int], ...]
 
 
 class EngineError(ValueError):
-    """A speculation setting the engine cannot run, or an engine that cannot be found; one line."""
+    """A speculation setting the engine cannot run, or an engine that cannot be found; one line. `field`: the draft's
+    key it is about, where that is not its gamma."""
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)

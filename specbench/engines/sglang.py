@@ -36,7 +36,7 @@ class Sglang:
         if speculation.vocabulary is not None:
             raise EngineError("SGLang runs no draft with another tokenizer than the target's (vLLM does: "
                               'use_heterogeneous_vocab); use engine = "vllm", backend = "native", or a draft of the '
-                              "target's family")
+                              "target's family", field="vocabulary")
         if speculation.gamma_schedule is not None:
             raise EngineError("SGLang has no gamma per batch size (vLLM's num_speculative_tokens_per_batch_size): "
                               "launch one gamma; specbench tune recommends the single setting best over the load mix")

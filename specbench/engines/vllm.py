@@ -12,6 +12,10 @@ from specbench.engines.base import EngineError, Speculation
 
 _METHOD = {"ngram": "ngram", "draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp",
            "medusa": "medusa"}
+# vLLM 0.32 reads a method off the draft's path (vllm/config/speculative.py): given any method but eagle or eagle3, a
+# draft whose path holds one of these runs as that method instead (Medusa heads under /runs/eagle3-vs-medusa/ fail to
+# start as an "Eagle3MedusaModel"; a draft model there would run as an EAGLE-3 head)
+_READ_OFF_THE_PATH = {"eagle-": "EAGLE", "eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
 
 
 class Vllm:
@@ -51,12 +55,13 @@ class Vllm:
         if speculation.method == "ngram":
             config.update(prompt_lookup_min=speculation.ngram_min, prompt_lookup_max=speculation.ngram_max)
         else:
+            self.check_draft_reference(speculation.method, speculation.draft_model)
             config["model"] = speculation.draft_model
         if speculation.vocabulary is not None:
             if speculation.vocabulary not in self.vocabularies:
                 raise EngineError(f"vLLM drafts with another tokenizer by the token-level intersection only "
                                   f"(use_heterogeneous_vocab), not by {speculation.vocabulary}: use "
-                                  'vocabulary = "intersection"')
+                                  'vocabulary = "intersection"', field="vocabulary")
             config["use_heterogeneous_vocab"] = True
         if speculation.gamma_schedule is not None:
             config["num_speculative_tokens_per_batch_size"] = [list(r) for r in speculation.gamma_schedule]
@@ -67,6 +72,16 @@ class Vllm:
             config.update(rejection_sample_method="synthetic",
                           synthetic_acceptance_rates=list(speculation.imposed_acceptance))
         return {k: v for k, v in config.items() if v is not None}
+
+    def check_draft_reference(self, method: str, reference: str | None) -> None:
+        """EngineError where vLLM would run the draft at `reference` as another method than `method`."""
+        if reference is None or _METHOD.get(method) in ("eagle", "eagle3"):
+            return
+        mark = next((mark for mark in _READ_OFF_THE_PATH if mark in reference.lower()), None)
+        if mark is not None:
+            raise EngineError(f"vLLM takes a draft whose path contains {mark!r} for an {_READ_OFF_THE_PATH[mark]} "
+                              f"draft, whatever method it is given ({reference}): move or link the {method} draft "
+                              f"to a path without {mark!r}", field="model")
 
     gpu_flags = ("--tensor-parallel-size", "-tp")
 

@@ -129,7 +129,7 @@ class Profile(Table):
                     engine.speculation_args(Speculation(draft.method, gamma, draft.model, draft.ngram_min,
                                                         draft.ngram_max, vocabulary=draft.vocabulary))
                 except EngineError as error:
-                    key = ("drafts", index, "vocabulary") if "another tokenizer" in str(error) else \
+                    key = ("drafts", index, error.field) if error.field else \
                         ("drafts", index, "gamma") if draft.gamma else ("sweep", "gamma")
                     raise rule(str(error), at=key) from None
 

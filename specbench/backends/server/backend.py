@@ -85,6 +85,8 @@ class ServerSession:
         # EAGLE-3 heads: trained:PRESET distilled (or cached), folders checked against the target, GGUF for llama.cpp
         self.heads = {} if self.attached else heads.engine_heads(profile, self.engine, binary=self.binary, where=where,
                                                                  say=observer.message)
+        if not self.attached:
+            self._check_draft_references(where)
         # kept-alive connections where the engine keeps them: llama-server closes each after its streamed response
         self.keep_alive = self.settings.engine != "llama.cpp"
         self.prompts = self.workload.prompts
@@ -95,6 +97,20 @@ class ServerSession:
         self._failed_launches: dict[tuple, str] = {}  # launch key -> where its failure is logged
         self.launches: list[dict[str, Any]] = []  # argv and log file of every launch, for the manifest
         self.leftovers: list[dict[str, Any]] = []  # engines an earlier run of the folder left running, ended
+
+    def _check_draft_references(self, where: str) -> None:
+        """Each draft as the engine will load it, before any launch: one line where the engine would take it for
+        another method (vLLM reads a method off the draft's path)."""
+        check = getattr(self.engine, "check_draft_reference", None)
+        for index, draft in enumerate(self.profile.drafts):
+            if check is None or draft.method == "ngram" or not draft.model:
+                continue
+            head = self.heads.get(draft.name)
+            reference = head.reference if head is not None else engine_reference(draft.model, self.engine)
+            try:
+                check(draft.method, reference)
+            except EngineError as error:
+                raise ProfileError(f"{where}drafts[{index}].model: {error}") from None
 
     def end_leftovers(self) -> None:
         """End (and say so) the engines an earlier run of this folder launched and left running."""
