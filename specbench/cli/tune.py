@@ -37,6 +37,7 @@ def tune(
     fresh: Annotated[bool, typer.Option("--fresh", help="Start over: drop the studies and files of an earlier tune.")] = False,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
     max_prompts: Annotated[Optional[int], typer.Option(help="Use only the first N prompts of the workload.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Generate at most N tokens per request (overrides workload.max_new_tokens).")] = None,
     load_mix: Annotated[Optional[str], typer.Option(help="Weight of each load level, e.g. 1:0.5,4:0.3,r0.5:0.2 (concurrency N, request rate rN); default: the profile's load.mix, else equal.")] = None,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Launch the recommendation (server backend) and measure it at every load level beside the best single setting and the baseline.")] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print recommendation.json on stdout.")] = False,
@@ -53,7 +54,8 @@ def tune(
         )
         loaded = None
         if replay is None:
-            loaded = with_overrides(load_profile(profile_path(profile)), device=device, max_prompts=max_prompts)
+            loaded = with_overrides(load_profile(profile_path(profile)), device=device, max_prompts=max_prompts,
+                                    max_new_tokens=max_new_tokens)
         elif profile is not None:
             fail("--replay uses the profile recorded in the run folder; give no PROFILE with it")
         name = loaded.name if loaded is not None else replay.name

@@ -75,6 +75,7 @@ def with_overrides(
     backend: str | None = None,
     device: str | None = None,
     max_prompts: int | None = None,
+    max_new_tokens: int | None = None,
     usd_per_hour: float | None = None,
     traffic_rps: float | None = None,
     compile: bool | None = None,
@@ -94,4 +95,6 @@ def with_overrides(
         data["device"] = device
     if max_prompts is not None:
         data["workload"]["max_prompts"] = max_prompts
+    if max_new_tokens is not None:
+        data["workload"]["max_new_tokens"] = max_new_tokens
     return profile_from_dict(data, source=profile.source)
