@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.backends.base import AfterPrompt, Observer, OnRequest
-from specbench.backends.server import checks, client, heads, placement, watch
+from specbench.backends.server import checks, client, heads, placement, vocab, watch
 from specbench.backends.server.measure import measure_point
 from specbench.backends.server.process import HOST, ServerFailed, ServerProcess, end_leftovers, free_port
 from specbench.engines import ENGINES, EngineError, ServingEngine, Speculation, parse_schedule
@@ -87,6 +87,9 @@ class ServerSession:
                                                                  say=observer.message)
         if not self.attached:
             self._check_draft_references(where)
+        # drafts of another tokenizer: how each drafts, and what it shares with the target
+        self.vocabularies = {} if self.attached else vocab.draft_vocabularies(
+            profile, self.engine, self.tokenizer, where=where, say=observer.message)
         # kept-alive connections where the engine keeps them: llama-server closes each after its streamed response
         self.keep_alive = self.settings.engine != "llama.cpp"
         self.prompts = self.workload.prompts
@@ -144,10 +147,18 @@ class ServerSession:
         head = self.heads.get(spec.draft)
         return head.identity if head is not None else spec.draft_model
 
+    def _vocabulary(self, spec: PointSpec) -> str | None:
+        """How a draft model drafts across tokenizers: as found up front, else as its profile says (None: the
+        target's own tokenizer)."""
+        found = self.vocabularies.get(spec.draft)
+        return found[0] if found else next((d.vocabulary for d in self.profile.drafts if d.name == spec.draft), None)
+
     def point_context(self, spec: PointSpec) -> dict[str, Any]:
-        vocabulary = next((d.vocabulary for d in self.profile.drafts if d.name == spec.draft), None)
+        vocabulary = self._vocabulary(spec) if spec.method == "draft" else None
+        shared = self.vocabularies.get(spec.draft, (None, None))[1] if spec.method == "draft" else None
         return {"backend": "server", "target_model": self.profile.target.model, "weight_mb": None,
-                **({"vocabulary": vocabulary} if vocabulary is not None and spec.method == "draft" else {})}
+                **({"vocabulary": vocabulary} if vocabulary is not None else {}),
+                **({"shared_tokens": shared} if shared is not None else {})}
 
     def gpu_uuids(self) -> tuple[str, ...]:
         """The GPUs of the running launch (an attached server's are unknown: not checked)."""
@@ -242,7 +253,7 @@ class ServerSession:
         head = self.heads.get(spec.draft)
         draft = head.reference if head is not None else (
             engine_reference(spec.draft_model, engine) if spec.draft_model else None)
-        vocabulary = next((d.vocabulary for d in self.profile.drafts if d.name == spec.draft), None)
+        vocabulary = self._vocabulary(spec) if spec.method == "draft" else None
         speculation = Speculation(spec.method, spec.gamma, draft,
                                   spec.ngram_min, spec.ngram_max,
                                   parse_schedule(spec.gamma_schedule) if spec.gamma_schedule else None,
