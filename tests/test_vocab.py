@@ -210,3 +210,34 @@ def test_the_hf_backend_drafts_across_vocabularies_through_transformers(tmp_path
                                                                                     "outputs_match_baseline"])
     assert points.loc["other-g2-t0.8-p1", "vocabulary"] == "intersection"
     assert (points["status"] == "ok").all(), points[["status", "error"]]
+
+
+@pytest.mark.parametrize("draft_words, start, end", [
+    (OTHER_WORDS, "drafts[0].model: its tokenizer is not the target's (", "other shares 40 of the target's 64 tokens "
+     "(62.5%)) and llama.cpp drafts only with the target's; use engine = \"vllm\" (use_heterogeneous_vocab), backend "
+     "= \"native\", or a draft of the target's family"),
+    (STRANGER_WORDS, "drafts[0].model: ", "other shares 3 of the target's 64 tokens (4.7%), under the 10% a draft of "
+     "another tokenizer needs; pick a draft whose tokenizer is closer to the target's"),
+])
+def test_the_server_backend_finds_another_tokenizer_before_any_launch(tmp_path, monkeypatch, draft_words, start, end):
+    """A draft model whose tokenizer is not the target's, the profile silent about it: on an engine that cannot
+    draft across vocabularies (llama.cpp here), or sharing too little, one line naming the draft, exit 2, nothing
+    launched or written (vLLM launches it with use_heterogeneous_vocab: tests/test_server_vllm.py)."""
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    project = cross_project(tmp_path, draft_words=draft_words)
+    binary = project / "llama-server"
+    binary.write_text("#!/bin/sh\n")  # found, never launched
+    binary.chmod(0o755)
+    (project / "server.toml").write_text(
+        f'name = "s"\nbackend = "server"\n[server]\nengine = "llama.cpp"\nbinary = "{binary}"\n[target]\n'
+        'model = "./target"\n[[drafts]]\nname = "other"\nmethod = "draft"\nmodel = "./other"\n[sweep]\ngamma = [2]\n'
+        'temperature = [0.0]\n[workload]\nprompts = "prompts.jsonl"\nmax_new_tokens = 8\n')
+    monkeypatch.chdir(project)
+    result = CliRunner().invoke(app, ["run", "server.toml", "--out", "out"])
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and len(errors) == 1, result.output
+    assert errors[0].startswith(f"error: server.toml: {start}") and errors[0].endswith(end), errors[0]
+    assert not (project / "out" / "points.parquet").exists()
