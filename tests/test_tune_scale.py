@@ -152,6 +152,23 @@ def test_the_verification_runs_once_for_the_study(tmp_path):
     assert sorted(answers) == sorted(["None", verifier, verifier])
 
 
+def test_a_running_trial_that_has_not_claimed_the_verification_does_not_hold_it(tmp_path):
+    """The race CI once met (three boxes on PostgreSQL: one box named a second that never verified, the third ran it):
+    another worker's trial is running but has not taken the lock yet, or stepped aside already. Only a claim made
+    under the lock holds the verification; this worker runs it, and a later one names this one."""
+    from specbench.scaleout.storage import open_storage
+    from specbench.tune.shared import verify_once
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    study = optuna.create_study(storage=storage, study_name="verify")
+    study.ask().set_user_attr("worker", "box-before-the-lock")  # running, unclaimed
+    ran: list[str] = []
+    assert verify_once(storage, "verify", worker="box1", run=lambda: ran.append("box1")) is None
+    assert ran == ["box1"]
+    assert verify_once(storage, "verify", worker="box2", run=lambda: ran.append("box2")) == "box1"
+    assert ran == ["box1"]
+
+
 def test_a_worker_hung_in_a_point_stops_counting_as_alive_and_its_trial_is_retried(tmp_path, monkeypatch):
     """Optuna's heartbeat thread keeps running while the objective hangs; the storage records no heartbeat once the
     worker made no progress for the stall limit, so the trial goes stale, is retried, and the hung worker, when it

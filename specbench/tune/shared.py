@@ -160,7 +160,10 @@ def verify_once(storage: BaseStorage, name: str, *, worker: str, run: Callable[[
     def objective(trial: optuna.Trial) -> float:
         trial.set_user_attr("worker", worker)
         with proposal_lock(storage, name):
+            # claimed under this lock: a trial merely running may be another worker's that has not taken the lock
+            # yet (and will find this one's claim), or one that already stepped aside
             taken = [t for t in study.get_trials(deepcopy=False) if t.number != trial.number
+                     and t.user_attrs.get("role") == "verification"
                      and t.state in (TrialState.RUNNING, TrialState.COMPLETE)]
             if taken:
                 holder["worker"] = taken[0].user_attrs.get("worker", "another worker")
