@@ -53,7 +53,7 @@ def session_of(requests: int | None) -> SimpleNamespace:
     return SimpleNamespace(profile=profile, prompts=load_prompts("builtin:mixed", max_prompts=4, categories=None))
 
 
-def test_a_rate_level_draws_prompts_in_a_seeded_order_with_replacement_past_the_set():
+def test_a_rate_level_takes_the_prompts_round_and_round_in_a_seeded_cyclic_order():
     session = session_of(10)
     rate = PointSpec.baseline(0.0, 1.0, request_rate=1.0)
     plan = request_plan(session, rate)
@@ -62,6 +62,8 @@ def test_a_rate_level_draws_prompts_in_a_seeded_order_with_replacement_past_the_
     ids = [(prompt.prompt_id, repeat) for _, prompt, repeat, _ in plan]
     assert len(set(ids)) == 10  # each draw is its own request, a prompt's repeat counting its draws
     assert len({prompt_id for prompt_id, _ in ids}) < 10
+    # any 4 consecutive requests (4 prompts) hold each prompt once: every window has the prompt set's mix
+    assert all(len({prompt_id for prompt_id, _ in ids[i:i + 4]}) == 4 for i in range(len(ids) - 3))
     assert sorted(len(plan_) for plan_ in [request_plan(session_of(None), rate)]) == [8]  # default: prompts x repeats
     distinct = request_plan(session_of(3), rate)
     assert len({p.prompt_id for _, p, _, _ in distinct}) == 3  # fewer requests than prompts: no prompt twice

@@ -120,5 +120,8 @@ def test_a_steady_point_draws_its_prompts_the_same_for_every_configuration_at_a_
     # measured requests, so request ids are unique within the point
     assert [(i, p) for i, p, _, _ in baseline] == [(i, p) for i, p, _, _ in draft]
     assert len({(p, r) for _, p, r, _ in baseline}) == 6
+    # the prompts taken round and round: any 4 consecutive requests (4 prompts) hold each prompt once
+    prompts = [p for _, p, _, _ in baseline]
+    assert all(len(set(prompts[i:i + 4])) == 4 for i in range(len(prompts) - 3))
     other, _ = measured(PointSpec.baseline(0.0, 1.0, request_rate=10.0))
     assert [p for _, p, _, _ in other] != [p for _, p, _, _ in baseline]  # another level, another draw

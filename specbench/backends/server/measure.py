@@ -32,22 +32,32 @@ WARMUP_TEXT = "Before it is measured, the engine answers a few requests like thi
 
 def request_plan(session: "ServerSession", spec: PointSpec) -> list[tuple[int, Any, int, int]]:
     """(prompt index, prompt, repeat, seed) per request. Closed loop: every prompt x repeat. At a request rate:
-    `load.requests` requests (default: as many), prompts drawn in a seeded order — with replacement when more
-    requests than prompts are asked for, a prompt's repeat counting its draws — the same for every configuration at
-    one level (`draw_seed`)."""
+    `load.requests` requests (default: as many), prompts in a seeded cyclic order (`cyclic_order`: every prompt once
+    before any twice), a prompt's repeat counting its draws — the same for every configuration at one level
+    (`draw_seed`)."""
     profile, run, prompts = session.profile, session.profile.run, session.prompts
     if not spec.open_loop:
         return [(index, prompt, repeat, run.seed + 1000 * index + repeat)
                 for index, prompt in enumerate(prompts) for repeat in range(run.repeats)]
     count = profile.load.requests or len(prompts) * run.repeats
-    rng = random.Random(draw_seed(run.seed, spec, count))
-    drawn = rng.sample(range(len(prompts)), count) if count <= len(prompts) else rng.choices(range(len(prompts)), k=count)
+    order = cyclic_order(len(prompts), seed=draw_seed(run.seed, spec, count))
+    drawn = [order[i % len(order)] for i in range(count)]
     seen: dict[int, int] = {}
     plan = []
     for index in drawn:
         repeat = seen[index] = seen.get(index, -1) + 1
         plan.append((index, prompts[index], repeat, run.seed + 1000 * index + repeat))
     return plan
+
+
+def cyclic_order(prompts: int, *, seed: int) -> list[int]:
+    """A seeded permutation of the prompt indices, sent round and round: request i takes prompt order[i % prompts].
+    Any `prompts` consecutive requests then hold each prompt once, so a window of a point holds the prompt set in
+    the same proportions whichever draw it is and wherever its lead-in ended; independent draws with replacement let
+    the mix move the attainment of a prompt-sensitive draft (n-gram lookup) from probe to probe."""
+    order = list(range(prompts))
+    random.Random(seed).shuffle(order)
+    return order
 
 
 def draw_seed(seed: int, spec: PointSpec, count: int) -> int:
@@ -167,21 +177,19 @@ def reset_prefix_cache(session: "ServerSession", url: str, *, timeout_s: float =
 
 def steady_point(session: "ServerSession", spec: PointSpec, *, url: str, call: dict[str, Any],
                  record: Callable[..., None]) -> dict[str, Any]:
-    """A point in a steady state ([load] lead_in_s, window_s; backends/server/steady.py): requests drawn from the
-    prompts in a seeded order without end (the same for every configuration at the level), at the level's arrival
+    """A point in a steady state ([load] lead_in_s, window_s; backends/server/steady.py): requests taking the prompts
+    round and round in a seeded cyclic order (the same for every configuration at the level), at the level's arrival
     times or concurrency; each measured response recorded (`record(response, prompt, repeat, seed)`: a prompt's
     repeat counts its measured requests). What the lead-in and the tail sent, and the window's span, as the point's
     columns."""
     load, run, prompts = session.profile.load, session.profile.run, session.prompts
     at_least = load.requests or len(prompts) * run.repeats  # as measure_point's deadline counts them
     seed = draw_seed(run.seed, spec, at_least)
-    draws, rng = [], random.Random(seed)
+    order = cyclic_order(len(prompts), seed=seed)
     budgets, ignore_eos = session.workload.max_new_tokens, session.workload.ignore_eos
 
     def make_request(index: int) -> client.Request:
-        while len(draws) <= index:
-            draws.append(rng.randrange(len(prompts)))
-        prompt = draws[index]
+        prompt = order[index % len(order)]
         return client.Request(index, [dict(m) for m in prompts[prompt].messages], spec.temperature, spec.top_p,
                               budgets[prompt], run.seed + 1000 * prompt + index, ignore_eos,
                               session.request_timeout_s(budgets[prompt]))
@@ -193,7 +201,7 @@ def steady_point(session: "ServerSession", spec: PointSpec, *, url: str, call: d
                         concurrency=None if spec.open_loop else spec.concurrency or 1, **call)
     repeats: dict[int, int] = {}
     for response in result.responses:
-        prompt = draws[response.index]
+        prompt = order[response.index % len(order)]
         repeat = repeats[prompt] = repeats.get(prompt, -1) + 1
         record(response, prompts[prompt], repeat, run.seed + 1000 * prompt + response.index)
     return {"lead_in_requests": result.lead_in, "tail_requests": result.tail, "window_s": result.window_s}
