@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from specbench.capacity.search import (Done, Next, Probe, SearchSettings, completed_per_s, conclude, decide, fewest_to_confirm,
-                                late_sends, met_slo, next_probe, wilson_interval)
+                                late_sends, met_slo, narrowing_probe, next_probe, wilson_interval)
 from specbench.core.cost import change, replicas_for, usd_per_mtok
 
 
@@ -100,6 +100,24 @@ def test_a_confirmation_that_flips_the_bracket_sends_the_search_on():
     loads = [p.load for p in history]
     assert loads[:6] == [1.0, 2.0, 1.41, 1.19, 1.09, 1.0] and history[5].n_requests == 32
     assert loads[6] < 1.0  # 1.0 failed once confirmed: the bracket moved below it
+
+
+def test_a_bracket_end_the_capacitys_interval_reaches_past_is_drawn_again_with_the_most_requests():
+    how = settings(target=0.9, max_requests=64, max_probes=8)
+    history = [Probe(load=1.0, n_requests=16, met=16), Probe(load=1.19, n_requests=16, met=12),
+               Probe(load=1.09, n_requests=64, met=64)]
+    assert isinstance(next_probe(history, how), Done)  # the bracket [1.09, 1.19] is resolved
+    above = narrowing_probe(history, how, reaches_above=True, reaches_below=False)
+    assert (above.load, above.n_requests) == (1.19, 64) and "reaches above 1.19" in above.reason
+    below = narrowing_probe(history, how, reaches_above=False, reaches_below=True)
+    assert (below.load, below.n_requests) == (1.09, 64) and "reaches below 1.09" in below.reason
+    assert narrowing_probe(history, how, reaches_above=False, reaches_below=False) is None
+    # at most three draws of one load, within the probe limit; a load whose queue grew is not drawn again
+    drawn = history + [Probe(load=1.19, n_requests=64, met=40), Probe(load=1.19, n_requests=64, met=41)]
+    assert narrowing_probe(drawn, how, reaches_above=True, reaches_below=False) is None
+    assert narrowing_probe(history, settings(target=0.9, max_probes=3), reaches_above=True, reaches_below=False) is None
+    grew = history[:1] + [Probe(load=1.19, n_requests=16, met=16, unsustained="the queue grew")] + history[2:]
+    assert narrowing_probe(grew, how, reaches_above=True, reaches_below=False) is None
 
 
 @pytest.mark.parametrize("capacity", [0.3, 1.3, 2.9, 7.0])

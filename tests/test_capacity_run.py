@@ -66,10 +66,11 @@ class StandIn:
     launch_key = staticmethod(launch_key)
 
     def __init__(self, rates: dict[str, float], concurrency: dict[str, int], *, broken=lambda spec: False,
-                 late_from: float | None = None, growing_from: float | None = None):
+                 late_from: float | None = None, growing_from: float | None = None, burst_at: float | None = None):
         self.rates, self.concurrency, self.broken = rates, concurrency, broken  # broken(spec): the point fails
         self.late_from = late_from  # from this rate up, every request is sent 500 ms late (a client that cannot keep up)
         self.growing_from = growing_from  # from this rate up, its queue grows over the point (5 more waiting)
+        self.burst_at = burst_at  # at this rate the first draw's last quarter misses (a burst), later draws meet
         self.points: list[str] = []  # the points it was asked to run, in order
         self.sent: list[int] = []
         self.windows: dict[str, tuple[float, float]] = {}  # per point: the lead-in and window it was sent with
@@ -116,9 +117,10 @@ class StandInSession:
         else:
             starts = [1000.0 * (i // spec.concurrency) for i in range(len(plan))]
             meets = spec.concurrency <= self.engine.concurrency.get(spec.draft, 1)
-        ttft = 100.0 if meets else 5000.0
+        burst = spec.open_loop and spec.request_rate == self.engine.burst_at and spec.capacity_draw == 0
         rows = []
-        for (index, prompt, repeat, seed), start in zip(plan, starts):
+        for i, ((index, prompt, repeat, seed), start) in enumerate(zip(plan, starts)):
+            ttft = 100.0 if meets and not (burst and i >= 0.75 * len(plan)) else 5000.0
             e2e = 1000.0 if spec.concurrency == 1 else ttft + 900.0
             rows.append({
                 "point_id": spec.point_id, "point_key": point_key, "request_id": f"{prompt.prompt_id}#{repeat}",
@@ -275,6 +277,27 @@ def test_a_straddling_bracket_end_is_sent_again_with_twice_the_requests(folder, 
                                                                          None)
     assert entry["curve"][2] == [1.3, 16 + 32 + 64, 1.0]
     assert entry["attainment_low"][:2] == [1.0, pytest.approx(64 / (64 + 1.959964**2))]
+
+
+def test_a_failing_end_whose_misses_came_together_is_drawn_again_and_the_search_goes_on(folder, monkeypatch):
+    (folder / "standin.toml").write_text(PROFILE.replace("attainment = 0.8", "attainment = 0.9")
+                                         .replace("concurrency = true", "max_requests = 64"))
+    # the baseline holds the SLO up to 1.3, but the first draw at 1.19 met only its first 12 of 16 requests (a burst
+    # at the end of its window): its Wilson interval [0.51, 0.90) is a fail, its misses are one block of neighbours
+    engine = StandIn({"baseline": 1.3, "ngram": 1.7}, {}, burst_at=1.19)
+    result = run(monkeypatch, engine)
+    assert result.exit_code == 0, result.output
+    entry = by_configuration(folder)["baseline", "request_rate"]
+    probes = [(p["load"], p["n_requests"], p["met"]) for p in entry["probes"]]
+    assert probes[3] == (1.19, 16, 12) and probes[4][0] == 1.09  # bisected below it, and resolved there
+    # the bracket [1.09, 1.19] was resolved, but the capacity's interval from the requests (blocks of neighbours
+    # resampled) reached above 1.19: 1.19 drawn again with 64 requests, every one met, and the search went on above
+    narrowing = next(i for i, p in enumerate(entry["probes"]) if p["next"].startswith("next 1.19 requests/s with 64"))
+    assert "the capacity's interval reaches above 1.19" in entry["probes"][narrowing]["next"]
+    assert (1.19, 64, 64) in probes and probes.index((1.19, 64, 64)) == narrowing + 1
+    assert entry["bracket_low"] <= 1.3 < entry["bracket_high"] and entry["capacity_high"] is not None
+    assert "(the capacity's interval reaches above 1.19: a new draw there with 64 requests)" in \
+        " ".join(result.output.split())
 
 
 def test_a_configuration_that_misses_the_slo_at_its_lowest_rate_is_recorded_and_exits_1(folder, monkeypatch):

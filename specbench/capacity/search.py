@@ -81,6 +81,7 @@ class Next:
     load: float
     n_requests: int
     reason: str  # why this probe, in words
+    narrowing: bool = False  # a new draw after the bracket was resolved (`narrowing_probe`): its reason is said
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,27 @@ def next_probe(history: Sequence[Probe], settings: SearchSettings) -> Next | Don
         if passing.load < middle < failing.load and not (ceiling is not None and middle >= ceiling):
             return Next(middle, settings.requests, "bisecting")  # else nothing is left between them to measure
     return _confirm(passing, settings) or _confirm(failing, settings) or Done("found")
+
+
+def narrowing_probe(history: Sequence[Probe], settings: SearchSettings, *, reaches_above: bool, reaches_below: bool,
+                    draws_at_most: int = 3) -> Next | None:
+    """Once the bracket is resolved: a new draw, with the most requests, at an end of the bracket that the capacity's
+    interval reaches past (`capacity.estimate`: its bootstrap resamples neighbouring requests together, so misses
+    that came in one burst weigh as one event; a probe's Wilson interval counts its requests as independent and can
+    call the same probe decided) — the failing end where the interval reaches above it, the passing end where below.
+    At most `draws_at_most` draws of one load, within the probe limit; a failing end whose requests the fit leaves
+    out (the engine's queue still grew) is not drawn again (its draws would be left out too). None: nothing to
+    narrow."""
+    passing, failing = bracket(history, settings)
+    if passing is None or failing is None or len(history) >= settings.max_probes:
+        return None
+    for probe, reaches, side in ((failing, reaches_above, "above"), (passing, reaches_below, "below")):
+        draws = sum(p.load == probe.load for p in history)
+        if reaches and probe.unsustained is None and draws < draws_at_most:
+            return Next(probe.load, settings.max_requests,
+                        f"the capacity's interval reaches {side} {probe.load:g}: a new draw there with "
+                        f"{settings.max_requests} requests", narrowing=True)
+    return None
 
 
 def bracket(history: Sequence[Probe], settings: SearchSettings) -> tuple[Probe | None, Probe | None]:

@@ -18,11 +18,11 @@ import numpy as np
 import pandas as pd
 
 from specbench.capacity.document import CapacityDocument, write_capacity
-from specbench.capacity.estimate import ProbeRequests, estimate_capacity
+from specbench.capacity.estimate import ESTIMATED, ProbeRequests, estimate_capacity
 from specbench.capacity.outcome import (Pooled, capacity_document, capacity_text, merged_history,
                                         met_in_arrival_order, search_outcome)
-from specbench.capacity.search import (Done, Next, Probe, SearchSettings, decide, fewest_to_confirm, growing_queue,
-                                       late_sends, next_probe, probe_of)
+from specbench.capacity.search import (Done, Next, Probe, SearchSettings, bracket, decide, fewest_to_confirm, growing_queue,
+                                       late_sends, narrowing_probe, next_probe, probe_of)
 from specbench.core import results, summary
 from specbench.core.manifest import read_manifest, write_manifest
 from specbench.core.results import PointSpec
@@ -118,7 +118,7 @@ class CapacitySearch:
                 f"requests, up to {settings.max_requests} (raise [capacity] requests to spend fewer probes)")
         history: list[Probe] = []
         requests: dict[str, ProbeRequests] = {}  # per point: the requests the files hold (every draw of a load)
-        while not isinstance(step := next_probe(history, settings), Done):
+        while not isinstance(step := self._next(history, settings, requests), Done):
             # a load probed again (to decide it, with more requests) is a new draw and a point of its own: the fit
             # keeps the requests of every draw
             draw = sum(probe.load == step.load for probe in history)
@@ -148,7 +148,9 @@ class CapacitySearch:
                 del requests[spec.point_id]
             history.append(probe)
             entry["probes"].append(self._record(spec, probe, rows, settings, history, axis=axis, name=name,
-                                                reused=reused, error=error) | {"repeat": repeat})
+                                                reused=reused, error=error, after=self._next(history, settings,
+                                                                                             requests))
+                                   | {"repeat": repeat})
         seed = self.ctx.profile.run.seed
         own = estimate_capacity(list(requests.values()), target=settings.target, confidence=settings.confidence,
                                 integer=settings.integer, seed=seed)
@@ -172,14 +174,31 @@ class CapacitySearch:
                               f"{capacity_text(merged)}")
         return {**entry, **merged, "repeats": list(pooled.repeats)}
 
+    def _next(self, history: list[Probe], settings: SearchSettings,
+              requests: dict[str, ProbeRequests]) -> Next | Done:
+        """The search's next probe; once its bracket is resolved, a new draw where the capacity's interval from the
+        requests so far reaches past an end of the bracket (`search.narrowing_probe`)."""
+        step = next_probe(history, settings)
+        if not (isinstance(step, Done) and step.reason == "found"):
+            return step
+        estimate = estimate_capacity(list(requests.values()), target=settings.target, confidence=settings.confidence,
+                                     integer=settings.integer, seed=self.ctx.profile.run.seed)
+        passing, failing = bracket(history, settings)
+        if estimate is None or estimate.status != ESTIMATED or passing is None or failing is None:
+            return step
+        above = estimate.ci_high is None or estimate.ci_high > failing.load * (1 + 1e-9)
+        below = estimate.ci_low is None or estimate.ci_low < passing.load * (1 - 1e-9)
+        return narrowing_probe(history, settings, reaches_above=above, reaches_below=below) or step
+
     def _record(self, spec: PointSpec, probe: Probe, rows: pd.DataFrame | None, settings: SearchSettings,
-                history: list[Probe], *, axis: str, name: str, reused: bool, error: str | None) -> dict[str, Any]:
-        """A probe as capacity.json lists it, its decision and what comes next; told to the observer."""
+                history: list[Probe], *, axis: str, name: str, reused: bool, error: str | None,
+                after: Next | Done) -> dict[str, Any]:
+        """A probe as capacity.json lists it, its decision and what comes next (`after`); told to the observer."""
         decision = decide(probe, settings)
-        after = next_probe(history, settings)
         following = (f"next {_load_text(after.load, axis)}" + (f" with {after.n_requests} requests"
                      if after.n_requests != settings.requests else "")) if not isinstance(after, Done) \
             else f"done ({after.reason})"
+        following += f" ({after.reason})" if isinstance(after, Next) and after.narrowing else ""
         more = decision.verdict is None and isinstance(after, Next) and after.load == probe.load
         label = (f"void: {probe.void}" if probe.void else "undecided: add requests" if more else decision.label) + (
             f" (the point failed: {error})" if error else "")
