@@ -60,8 +60,14 @@ def test_closed_loop_keeps_its_concurrency_through_the_window_and_measures_what_
     server = standin(slow(0.1))
     result = run_steady(server.url, make_request, Window(lead_in_s=0.25, window_s=0.4, at_least=2), model="m",
                         concurrency=3)
-    assert result.lead_in >= 3 and len(result.responses) >= 6 and result.tail >= 1
-    assert all(0.25 <= r.start_s < 0.8 for r in result.responses)
+    # the first three go out at once, in the lead-in; the window measures what was sent from 0.25 s to 0.65 s, or
+    # after that while fewer than two were (a busy machine can stretch the lead-in's 0.1 s requests past the window:
+    # CI met one where the first window request went out at 0.98 s); the tail keeps the other slots busy meanwhile
+    assert result.lead_in >= 3 and len(result.responses) >= 2 and result.tail >= 1
+    starts = sorted(r.start_s for r in result.responses)
+    assert starts[0] >= 0.25 and (len(starts) <= 2 or all(start < 0.65 for start in starts))
+    # never more than three in flight among the measured ones
+    assert all(sum(r.start_s <= start < r.start_s + r.end_s for r in result.responses) <= 3 for start in starts)
     # a tail request cancelled as it was sent may never reach the server
     assert result.lead_in + len(result.responses) <= len(server.bodies) <= result.lead_in + len(result.responses) + result.tail
 

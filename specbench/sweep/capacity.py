@@ -21,8 +21,8 @@ from specbench.capacity.document import CapacityDocument, write_capacity
 from specbench.capacity.estimate import ESTIMATED, ProbeRequests, estimate_capacity
 from specbench.capacity.outcome import (Pooled, capacity_document, capacity_text, merged_history,
                                         met_in_arrival_order, search_outcome)
-from specbench.capacity.search import (Done, Next, Probe, SearchSettings, bracket, decide, fewest_to_confirm, growing_queue,
-                                       late_sends, narrowing_probe, next_probe, probe_of)
+from specbench.capacity.search import (Done, Next, Probe, SearchSettings, bracket, decide, fewest_to_confirm,
+                                       growing_queue, late_sends, narrowing_probe, next_probe, probe_of)
 from specbench.core import results, summary
 from specbench.core.manifest import read_manifest, write_manifest
 from specbench.core.results import PointSpec
@@ -118,7 +118,8 @@ class CapacitySearch:
                 f"requests, up to {settings.max_requests} (raise [capacity] requests to spend fewer probes)")
         history: list[Probe] = []
         requests: dict[str, ProbeRequests] = {}  # per point: the requests the files hold (every draw of a load)
-        while not isinstance(step := self._next(history, settings, requests), Done):
+        step = self._next(history, settings, requests)
+        while not isinstance(step, Done):
             # a load probed again (to decide it, with more requests) is a new draw and a point of its own: the fit
             # keeps the requests of every draw
             draw = sum(probe.load == step.load for probe in history)
@@ -147,10 +148,9 @@ class CapacitySearch:
             if void is not None or probe.unsustained is not None:  # the fit has nothing to learn from its window
                 del requests[spec.point_id]
             history.append(probe)
-            entry["probes"].append(self._record(spec, probe, rows, settings, history, axis=axis, name=name,
-                                                reused=reused, error=error, after=self._next(history, settings,
-                                                                                             requests))
-                                   | {"repeat": repeat})
+            step = self._next(history, settings, requests)
+            entry["probes"].append(self._record(spec, probe, settings, axis=axis, name=name, rows=rows, reused=reused,
+                                                error=error, after=step) | {"repeat": repeat})
         seed = self.ctx.profile.run.seed
         own = estimate_capacity(list(requests.values()), target=settings.target, confidence=settings.confidence,
                                 integer=settings.integer, seed=seed)
@@ -190,9 +190,8 @@ class CapacitySearch:
         below = estimate.ci_low is None or estimate.ci_low < passing.load * (1 - 1e-9)
         return narrowing_probe(history, settings, reaches_above=above, reaches_below=below) or step
 
-    def _record(self, spec: PointSpec, probe: Probe, rows: pd.DataFrame | None, settings: SearchSettings,
-                history: list[Probe], *, axis: str, name: str, reused: bool, error: str | None,
-                after: Next | Done) -> dict[str, Any]:
+    def _record(self, spec: PointSpec, probe: Probe, settings: SearchSettings, *, axis: str, name: str,
+                rows: pd.DataFrame | None, reused: bool, error: str | None, after: Next | Done) -> dict[str, Any]:
         """A probe as capacity.json lists it, its decision and what comes next (`after`); told to the observer."""
         decision = decide(probe, settings)
         following = (f"next {_load_text(after.load, axis)}" + (f" with {after.n_requests} requests"
