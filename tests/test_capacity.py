@@ -141,6 +141,24 @@ def test_bracketing_grows_by_the_factor_then_bisects_by_the_geometric_mean():
     assert loads[-1] >= 1.19 and conclude(history, settings()).status == "found"
 
 
+@pytest.mark.parametrize("capacity, loads", [
+    (0.85, [1.0, 0.8]),  # near the start: one fine step brackets it
+    (0.6, [1.0, 0.8, 0.512]),  # then 1.25², 1.25³, ...: far away in a few
+    (0.2, [1.0, 0.8, 0.512, 0.262, 0.107]),
+    (1.3, [1.0, 1.25, 1.95]),  # up alike
+])
+def test_an_accelerating_search_steps_finely_first_then_ever_further(capacity, loads):
+    how = settings(start=1.0, lowest=0.05, growth=1.25, accelerating=True)
+    history = search(step_curve(capacity), how)
+    assert [p.load for p in history[:len(loads)]] == loads
+    outcome = conclude(history, how)
+    assert outcome.status == "found" and outcome.passing.load <= capacity < outcome.failing.load
+    assert outcome.failing.load <= outcome.passing.load * 1.1 * (1 + 1e-9)
+    # a fixed step of 1.25 takes more probes to reach 0.05 from 1.0
+    assert len(search(step_curve(0.05), how)) < len(search(step_curve(0.05), settings(
+        start=1.0, lowest=0.05, growth=1.25)))
+
+
 def test_an_absolute_resolution_bisects_arithmetically():
     how = settings(start=1.0, resolution=0.05, relative=False)
     history = search(step_curve(1.3), how)

@@ -178,8 +178,8 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
     assert document["target_attainment"] == 0.8 and document["slo"] == {"ttft_ms": 1000.0}
     assert (document["usd_per_hour"], document["traffic_rps"], document["resolution"]) == (3.6, 5.0, 0.1)
     found = {(e["configuration"], e["axis"]): e for e in document["configurations"]}
-    assert list(found) == [("baseline", "request_rate"), ("baseline", "concurrency"), ("ngram γ3", "request_rate"),
-                           ("ngram γ3", "concurrency")]
+    assert list(found) == [("baseline", "concurrency"), ("baseline", "request_rate"), ("ngram γ3", "concurrency"),
+                           ("ngram γ3", "request_rate")]
     baseline, ngram = found["baseline", "request_rate"], found["ngram γ3", "request_rate"]
     for entry, truth in ((baseline, 1.3), (ngram, 1.7)):
         assert entry["status"] == "found"
@@ -194,8 +194,18 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
         assert entry["replicas_for_traffic"] == -(-5 // entry["capacity"])
         assert entry["replicas_range"] == [-(-5 // high), -(-5 // low)]
         assert [tuple(point[:2]) for point in entry["curve"]] == sorted({(p["load"], p["n_requests"]) for p in entry["probes"]})
-    assert [p["load"] for p in baseline["probes"]] == [1.0, 2.0, 1.41, 1.19, 1.3]
-    assert [p["decision"] for p in baseline["probes"]] == ["pass", "fail", "fail", "pass", "pass"]
+    # the concurrency searched first; the rate search starts at the requests/s its highest passing concurrency
+    # completed (3 in flight, 1 s each, 16 requests: 2.67), in steps of 1.25
+    at_three = [p for p in found["baseline", "concurrency"]["probes"] if p["load"] == 3]
+    assert (baseline["start"], baseline["start_from"]) == (pytest.approx(at_three[0]["request_throughput"]),
+                                                           "concurrency 3")
+    assert baseline["start"] == pytest.approx(16 / 6)
+    # 2.67 / 1.25, / 1.25², / 1.25³, then bisecting (this stand-in's open loop holds half its closed loop's rate)
+    assert [p["load"] for p in baseline["probes"]] == [2.67, 2.14, 1.37, 0.701, 0.98, 1.16, 1.26]
+    assert [p["decision"] for p in baseline["probes"]] == ["fail"] * 3 + ["pass"] * 4
+    assert (found["baseline", "concurrency"]["start"], found["baseline", "concurrency"]["start_from"]) == (1, "serial")
+    assert ("baseline: the search starts at 2.67 requests/s, what concurrency 3 (the highest that held the SLO) "
+            "completed, in steps of 1.25x") in " ".join(result.output.split())
     assert ngram["gain_vs_baseline"] == pytest.approx(ngram["capacity"] / baseline["capacity"] - 1)
     assert ngram["gain_low"] < ngram["gain_vs_baseline"] < ngram["gain_high"]
     assert ngram["verdict"] == "higher" and ngram["gain_low"] > 0 and baseline["verdict"] is None
@@ -216,13 +226,14 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
         assert entry["usd_per_mtok_at_capacity"] == pytest.approx(
             3.6 / (3600 * entry["capacity"] * top["output_tokens"] / top["n_requests"]) * 1e6)
         assert entry["usd_per_mtok_at_capacity"] < points.loc[top["point_id"], "usd_per_mtok"]
-    assert "ngram-g3-t0-p1-r1.68" in points.index and "baseline-t0-p1-c4" in points.index
+    assert "ngram-g3-t0-p1-r1.74" in points.index and "baseline-t0-p1-c4" in points.index
     assert ngram["usd_per_mtok_change_vs_baseline"] == pytest.approx(
         ngram["usd_per_mtok_at_capacity"] / baseline["usd_per_mtok_at_capacity"] - 1)
 
     manifest = json.loads((folder / "out" / "manifest.json").read_text())
-    assert manifest["capacity"][0]["decisions"][0] == "1: 16 requests, 16 met: pass; next 2 requests/s"
-    assert "baseline: 1 requests/s: attainment 1.00 [0.81, 1.00] of 16 >= 0.8: pass; next 2 requests/s" in result.output
+    assert manifest["capacity"][0]["decisions"][0] == "1: 16 requests, 16 met: pass; next concurrency 2"
+    assert manifest["capacity"][1]["decisions"][0] == "2.67: 16 requests, 0 met: fail; next 2.14 requests/s"
+    assert "baseline: concurrency 1: attainment 1.00 [0.81, 1.00] of 16 >= 0.8: pass; next concurrency 2" in result.output
     assert (f"ngram γ3 holds the SLO up to {number(ngram['capacity'])} requests/s [{number(ngram['capacity_low'])}, "
             f"{number(ngram['capacity_high'])}] against the baseline's {number(baseline['capacity'])} "
             f"[{number(baseline['capacity_low'])}, {number(baseline['capacity_high'])}]: "
@@ -236,7 +247,7 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
         point: (10.0, 30.0) for point in engine.windows if not point.endswith("-p1")}
     assert engine.windows["baseline-t0-p1"] == engine.windows["ngram-g3-t0-p1"] == (0.0, 0.0)
     assert ("baseline: each probe is a 10 s lead-in at its load (not measured), then at least 16 requests sent over "
-            "at least 30 s measured, the load held until they finish: about 41 s at 1 requests/s; at most 12 probes"
+            "at least 30 s measured, the load held until they finish: about 41 s at 2.67 requests/s; at most 12 probes"
             in " ".join(result.output.split()))
     assert "window is shorter" not in result.output  # 30 s against a 1 s request
 
@@ -308,7 +319,9 @@ def test_a_configuration_that_misses_the_slo_at_its_lowest_rate_is_recorded_and_
     found = by_configuration(folder)
     entry = found["ngram γ3", "request_rate"]
     assert entry["status"] == "not bracketed: misses the SLO at its lowest rate 0.25"
-    assert [p["load"] for p in entry["probes"]] == [1.0, 0.5, 0.25]
+    # from what concurrency 1 completed (1 request/s) in steps of 1.25, 1.25², 1.25³, down to the serial rate / 4
+    assert (entry["start"], entry["start_from"]) == (1.0, "concurrency 1")
+    assert [p["load"] for p in entry["probes"]] == [1.0, 0.8, 0.512, 0.262, 0.25]
     assert entry["capacity"] is None and entry["gain_vs_baseline"] is None and entry["bracket_high"] == 0.25
     assert found["ngram γ3", "concurrency"]["capacity"] == 1
     assert found["baseline", "request_rate"]["status"] == "found"
@@ -323,7 +336,8 @@ def test_a_configuration_whose_requests_alone_miss_the_slo_is_not_searched(folde
     found = by_configuration(folder)
     entry = found["ngram γ3", "request_rate"]
     # TTFT 5 s one request at a time against a 1 s limit: no rate can do better, so no rate is probed
-    reason = "one request at a time already misses it (ttft_ms p50 5000 > 1000, 4 requests)"
+    # (the concurrency search, first, sent 16 at concurrency 1)
+    reason = "one request at a time already misses it (ttft_ms p50 5000 > 1000, 16 requests)"
     assert (entry["status"], entry["probes"], entry["capacity"]) == (f"not bracketed: {reason}", [], None)
     assert "ngram-g3-t0-p1-r1" not in engine.points
     assert f"ngram γ3: {reason}: no rate can hold the SLO, the search stops" in " ".join(result.output.split())
@@ -335,7 +349,7 @@ def test_a_configuration_whose_requests_alone_miss_the_slo_is_not_searched(folde
 
 def test_a_probe_whose_point_fails_is_a_failing_probe_and_a_search_with_nothing_measured_fails(folder, monkeypatch):
     engine = StandIn({"baseline": 1.3, "ngram": 1.7}, {"baseline": 3, "ngram": 5},
-                     broken=lambda spec: spec.open_loop and (spec.request_rate == 2.0 or spec.draft == "ngram"))
+                     broken=lambda spec: spec.open_loop and (spec.request_rate == 2.14 or spec.draft == "ngram"))
     result = run(monkeypatch, engine)
     assert result.exit_code == 1, result.output
     entries = by_configuration(folder)
@@ -343,13 +357,15 @@ def test_a_probe_whose_point_fails_is_a_failing_probe_and_a_search_with_nothing_
     assert baseline["status"] == "found" and baseline["bracket_low"] <= 1.3 < baseline["bracket_high"]
     at_2 = baseline["probes"][1]
     assert (at_2["load"], at_2["n_requests"], at_2["met"], at_2["error"]) == (
-        2.0, 16, 0, "baseline-t0-p1-r2: RuntimeError: the engine died")
-    assert at_2["decision"] == "fail (the point failed: baseline-t0-p1-r2: RuntimeError: the engine died)"
+        2.14, 16, 0, "baseline-t0-p1-r2.14: RuntimeError: the engine died")
+    assert at_2["decision"] == "fail (the point failed: baseline-t0-p1-r2.14: RuntimeError: the engine died)"
     ngram = entries["ngram γ3", "request_rate"]  # every rate probe of n-gram failed: nothing measured, no capacity
-    assert [(p["load"], p["met"]) for p in ngram["probes"]] == [(1.0, 0), (0.5, 0), (0.25, 0)]
+    # from what its concurrency capacity 5 completed, steps growing, down to the lowest (the serial rate / 4)
+    assert [(p["load"], p["met"]) for p in ngram["probes"]] == [(4.0, 0), (3.2, 0), (2.05, 0), (1.05, 0), (0.43, 0),
+                                                                (0.25, 0)]
     assert ngram["status"] == "failed: ngram-g3-t0-p1-r0.25: RuntimeError: the engine died"
     assert entries["ngram γ3", "concurrency"]["status"] == "found"  # its closed-loop points ran
-    assert "baseline: 2 requests/s: attainment 0.00 [0.00, 0.19] of 16 < 0.8: fail (the point failed" in result.output
+    assert "baseline: 2.14 requests/s: attainment 0.00 [0.00, 0.19] of 16 < 0.8: fail (the point failed" in result.output
 
 
 @pytest.mark.parametrize("edit, message", [

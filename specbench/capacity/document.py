@@ -79,6 +79,9 @@ class CapacityEntry:
     draft: str | None = None
     gamma: int | None = None
     status: str | None = None  # "found", or why there is no capacity (not bracketed, failed, ...)
+    start: float | None = None  # the first load the search probed
+    start_from: str | None = None  # where that came from: "serial" (one request at a time), "concurrency N" (the
+    # requests/s the concurrency search's highest passing load completed), "start_rps", "repeats" (the earlier ones')
     capacity: float | None = None  # where the attainment fitted to every probe crosses the target (a lower bound
     # when every load probed met it)
     capacity_low: float | None = None  # its interval at `confidence`; None where it is open at that end

@@ -48,6 +48,9 @@ class SearchSettings:
     lowest: float  # no probe below
     highest: float | None = None  # no probe above
     growth: float = 2.0
+    # placed near its answer (a rate search from the concurrency capacity): the k-th step to bracket is growth ** k,
+    # fine first, yet any distance in a few probes
+    accelerating: bool = False
     integer: bool = False  # concurrency: whole numbers
 
 
@@ -164,7 +167,7 @@ def next_probe(history: Sequence[Probe], settings: SearchSettings) -> Next | Don
         return Next(down, settings.requests, "below what the client could send on time") if down < ceiling else \
             Done("client ceiling")
     if failing is None:  # every probe passed: grow, up to the highest allowed and below what the client could send
-        up = _rounded(passing.load * settings.growth, settings, above=passing.load)
+        up = _rounded(passing.load * _factor(history, settings), settings, above=passing.load)
         up = min(up, _rounded(settings.highest, settings)) if settings.highest is not None else up
         if ceiling is not None and up >= ceiling:
             if resolved(passing.load, ceiling, settings):
@@ -176,7 +179,7 @@ def next_probe(history: Sequence[Probe], settings: SearchSettings) -> Next | Don
         return Next(up, settings.requests, "growing to bracket") if up > passing.load else \
             _confirm(passing, settings) or Done("highest")
     if passing is None:  # every probe failed: shrink, down to the lowest allowed
-        down = _rounded(failing.load / settings.growth, settings, below=failing.load)
+        down = _rounded(failing.load / _factor(history, settings), settings, below=failing.load)
         down = max(down, _rounded(settings.lowest, settings))
         return Next(down, settings.requests, "shrinking to bracket") if down < failing.load else \
             _confirm(failing, settings) or Done("lowest")
@@ -190,6 +193,11 @@ def next_probe(history: Sequence[Probe], settings: SearchSettings) -> Next | Don
         if passing.load < middle < failing.load and not (ceiling is not None and middle >= ceiling):
             return Next(middle, settings.requests, "bisecting")  # else nothing is left between them to measure
     return _confirm(passing, settings) or _confirm(failing, settings) or Done("found")
+
+
+def _factor(history: Sequence[Probe], settings: SearchSettings) -> float:
+    """The step to bracket: `growth`, or, accelerating, growth to the power of the probes measured so far."""
+    return settings.growth ** max(1, sum(p.void is None for p in history)) if settings.accelerating else settings.growth
 
 
 def narrowing_probe(history: Sequence[Probe], settings: SearchSettings, *, reaches_above: bool, reaches_below: bool,

@@ -74,7 +74,8 @@ class CapacitySearch:
         """Every (temperature, top_p) of one launch configuration, on each axis asked for; `repeat` of
         [capacity] repeats (0: the first), pooled with the repeats before it."""
         for spec in dict.fromkeys(s.at_load(concurrency=1) for s in launch):
-            for axis in [axis for axis, asked in (("request_rate", self.spec.rate), ("concurrency", self.spec.concurrency))
+            # the concurrency first where both are asked: the rate search starts from its throughput (`_placed`)
+            for axis in [axis for axis, asked in (("concurrency", self.spec.concurrency), ("request_rate", self.spec.rate))
                          if asked]:
                 self._pooled[(spec, axis)].entry = self.search_configuration(spec, axis, repeat=repeat)
             self._write_manifest()
@@ -101,7 +102,8 @@ class CapacitySearch:
             self.observer.message(f"{name}: failed: {unresolved}")
             return pooled.stopped(entry, repeat, f"failed: {unresolved}")
         try:
-            settings = self._settings(serial, axis, start=pooled.capacity)
+            settings, entry["start_from"] = self._settings(serial, axis, start=pooled.capacity)
+            entry["start"] = settings.start
         except ProbeFailed as failure:
             self.observer.message(f"{name}: failed: {failure}")
             return pooled.stopped(entry, repeat, f"failed: {failure}")
@@ -266,8 +268,9 @@ class CapacitySearch:
         row = points[points["point_id"] == point_id] if points is not None else []
         return {k: results.plain(v) for k, v in row.iloc[0].to_dict().items()} if len(row) else {}
 
-    def _settings(self, serial: PointSpec, axis: str, *, start: float | None = None) -> SearchSettings:
-        """The search's settings; `start`, where an earlier repeat put the capacity, its first load."""
+    def _settings(self, serial: PointSpec, axis: str, *, start: float | None = None) -> tuple[SearchSettings, str]:
+        """The search's settings, and where its first load came from (capacity.json's `start_from`); `start`, where an
+        earlier repeat put the capacity, its first load."""
         spec = self.spec
         common = dict(target=spec.attainment, confidence=spec.confidence, requests=spec.requests,
                       max_requests=spec.requests_at_most, max_probes=spec.max_probes, max_time_s=spec.max_time_s,
@@ -275,23 +278,46 @@ class CapacitySearch:
         if axis == "concurrency":
             first = max(1, int(start)) if start is not None else 1
             return SearchSettings(**common, resolution=spec.resolution or 0.1, relative=True, start=first, lowest=1,
-                                  highest=spec.max_concurrency, integer=True)
-        serial_rps = spec.start_rps
+                                  highest=spec.max_concurrency, integer=True), "repeats" if start else "serial"
+        serial_rps, start_from = spec.start_rps, "start_rps" if start is None else "repeats"
         if serial_rps is None:  # the rate the engine serves one request at a time: 1 / mean e2e at concurrency 1
             rows, _, _, error = self._measure(serial, 1, open_loop=False, steady=False)
             if error is not None:
                 raise ProbeFailed(error)
             serial_rps = 1e3 / float(rows["e2e_ms"].mean())
             self._request_s = float(rows["e2e_ms"].mean()) / 1e3
-            if start is None:
-                self.observer.message(f"{self._name(serial)}: one request at a time takes {self._request_s:.2f} s: "
-                                      f"the search starts at {serial_rps:.3g} requests/s")
             if (missed := serial_misses(rows, self.slo, target=spec.attainment)) is not None:
                 raise NoLoadCanPass(missed)
+            placed = self._placed(serial) if start is None else None
+            if start is None and placed is None:
+                start_from = "serial"
+                self.observer.message(f"{self._name(serial)}: one request at a time takes {self._request_s:.2f} s: "
+                                      f"the search starts at {serial_rps:.3g} requests/s")
+            elif placed is not None:
+                (start, concurrency), start_from = placed, f"concurrency {placed[1]}"
+                common.update(growth=min(spec.growth, PLACED_GROWTH), accelerating=True)
+                self.observer.message(
+                    f"{self._name(serial)}: the search starts at {start:.3g} requests/s, what concurrency {concurrency} "
+                    f"(the highest that held the SLO) completed, in steps of {common['growth']:g}x, then "
+                    f"{common['growth'] ** 2:.3g}x, ...")
         lowest = spec.lowest_rps or serial_rps / 4
         first = serial_rps if start is None else min(max(start, lowest), spec.highest_rps or start)
         return SearchSettings(**common, resolution=spec.resolution_value, relative=spec.relative, start=first,
-                              lowest=lowest, highest=spec.highest_rps)
+                              lowest=lowest, highest=spec.highest_rps), start_from
+
+    def _placed(self, serial: PointSpec) -> tuple[float, int] | None:
+        """Where the rate search starts when the concurrency search ran first: the requests/s its highest passing
+        load completed (every draw there, weighted by requests), with that concurrency; None without one. A closed
+        loop has no arrival bursts, so the open-loop capacity lies at or a little below it: one or two probes
+        bracket it where steps from the serial rate take several."""
+        entry = (pooled := self._pooled.get((serial, "concurrency"))) and pooled.entry
+        top = entry and entry.get("bracket_low")
+        drawn = [p for p in entry["probes"] if p["load"] == top and p.get("request_throughput")
+                 and not p.get("error") and not p.get("void")] if top else []
+        if not drawn:
+            return None
+        requests = sum(p["n_requests"] for p in drawn)
+        return sum(p["request_throughput"] * p["n_requests"] for p in drawn) / requests, int(top)
 
     def _measure(self, spec: PointSpec, n_requests: int, *, open_loop: bool,
                  steady: bool = True) -> tuple[pd.DataFrame | None, float, bool, str | None]:
@@ -326,6 +352,12 @@ class CapacitySearch:
                 | {"decisions": [f"{p['load']:g}: {p['n_requests']} requests, {p['met']} met: {p['decision']}; "
                                  f"{p['next']}" for p in entry["probes"]]} for entry in self.entries]
             write_manifest(data, self.files.manifest_path)
+
+
+# the first step of a rate search placed from the concurrency capacity (then its square, its cube, ...): the open-loop
+# capacity is expected within a few tenths below it (arrival bursts fill the batch a closed loop keeps level), where
+# steps of 2 would overshoot by half
+PLACED_GROWTH = 1.25
 
 
 class ProbeFailed(RuntimeError):
