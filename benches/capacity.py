@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> None:
                  for run in runs]
         cells = ["-" if e is None or e["capacity"] is None else
                  f"{e['capacity']:.3g} [{_end(e.get('capacity_low'))}, {_end(e.get('capacity_high'))}] (bracket "
-                 f"[{_end(e['bracket_low'])}, {_end(e['bracket_high'])}])" for e in found]
+                 f"[{_end(e['bracket_low'])}, {_end(e['bracket_high'])}]"
+                 + (f", from {e['start']:.3g} ({e['start_from']})" if e.get("start_from") else "") + ")"
+                 for e in found]
         capacities = [e["capacity"] for e in found if e is not None and e["capacity"]]
         spread = f"; largest / smallest {max(capacities) / min(capacities):.2f}" if len(capacities) > 1 else ""
         print(f"{name} ({axis}): " + "; ".join(cells) + spread + _agreement(found))

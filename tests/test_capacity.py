@@ -159,6 +159,16 @@ def test_an_accelerating_search_steps_finely_first_then_ever_further(capacity, l
         start=1.0, lowest=0.05, growth=1.25)))
 
 
+def test_an_accelerating_search_whose_passing_end_flips_steps_finely_from_it_again():
+    # seen on vLLM CPU: from 1.72, 1.38 passed twice and bisecting bracketed [1.38, 1.46]; a third draw at 1.38 then
+    # failed (49 of 72), so nothing passes: the next step is one fine step below 1.38, not 1.25 to the 7th
+    how = settings(start=1.72, lowest=0.3, growth=1.25, accelerating=True, target=0.9, requests=36, max_requests=72)
+    history = [Probe(load=load, n_requests=n, met=met) for load, n, met in (
+        (1.72, 69, 5), (1.38, 36, 35), (1.54, 44, 29), (1.46, 40, 36), (1.46, 72, 23), (1.38, 72, 71), (1.38, 72, 49))]
+    step = next_probe(history, how)
+    assert isinstance(step, Next) and step.load == pytest.approx(1.38 / 1.25, abs=0.005)
+
+
 def test_an_absolute_resolution_bisects_arithmetically():
     how = settings(start=1.0, resolution=0.05, relative=False)
     history = search(step_curve(1.3), how)

@@ -147,6 +147,22 @@ def test_goodput_counts_the_requests_that_met_every_slo_over_the_wall_time():
     assert pd.isna(behind["goodput"]) and pd.isna(behind["slo"])  # no SLO given: no goodput
 
 
+def test_a_steady_rate_points_throughput_is_over_its_window_not_its_lead_in():
+    # 10 s of lead-in (3 requests sent, not recorded), then 4 measured requests at 2 requests/s: the window starts one
+    # mean gap (0.5 s) before its first scheduled arrival — the second one sent 100 ms late counts from its schedule
+    spec = PointSpec.baseline(0.0, 1.0, request_rate=2.0)
+    rows = rate_rows(spec, ttft=[100.0] * 4, tpot=[20.0] * 4, starts=[10_200.0, 10_800.0, 11_200.0, 11_700.0])
+    rows[1]["send_lateness_ms"] = 100.0
+    steady = summary.summarize([spec], pd.DataFrame(rows), failures={}, context={spec.point_id: {
+        "lead_in_requests": 3, "tail_requests": 2, "window_s": 1.5}}, slo={"ttft_ms": 200.0}).iloc[0]
+    wall_s = (11_700.0 + 400.0 - (10_200.0 - 500.0)) / 1e3
+    assert steady["request_throughput"] == pytest.approx(4 / wall_s) == steady["goodput"]
+    assert steady["tokens_per_s"] == pytest.approx(44 / wall_s)
+    # without a lead-in (no steady columns) the schedule starts at 0, as vLLM's benchmark client times its run
+    plain = summary.summarize([spec], pd.DataFrame(rows), failures={}, context={}).iloc[0]
+    assert plain["request_throughput"] == pytest.approx(4 / 12.1)
+
+
 def test_in_process_backends_refuse_a_rate_and_load_and_slo_round_trip(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "p.toml").write_text('name = "p"\n[target]\nmodel = "builtin:smollm2-135m-instruct"\n'

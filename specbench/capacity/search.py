@@ -48,8 +48,8 @@ class SearchSettings:
     lowest: float  # no probe below
     highest: float | None = None  # no probe above
     growth: float = 2.0
-    # placed near its answer (a rate search from the concurrency capacity): the k-th step to bracket is growth ** k,
-    # fine first, yet any distance in a few probes
+    # placed near its answer (a rate search from the concurrency capacity): the k-th step in a row to bracket is
+    # growth ** k, fine first, yet any distance in a few probes
     accelerating: bool = False
     integer: bool = False  # concurrency: whole numbers
 
@@ -167,7 +167,7 @@ def next_probe(history: Sequence[Probe], settings: SearchSettings) -> Next | Don
         return Next(down, settings.requests, "below what the client could send on time") if down < ceiling else \
             Done("client ceiling")
     if failing is None:  # every probe passed: grow, up to the highest allowed and below what the client could send
-        up = _rounded(passing.load * _factor(history, settings), settings, above=passing.load)
+        up = _rounded(passing.load * _factor(history, settings, down=False), settings, above=passing.load)
         up = min(up, _rounded(settings.highest, settings)) if settings.highest is not None else up
         if ceiling is not None and up >= ceiling:
             if resolved(passing.load, ceiling, settings):
@@ -179,7 +179,7 @@ def next_probe(history: Sequence[Probe], settings: SearchSettings) -> Next | Don
         return Next(up, settings.requests, "growing to bracket") if up > passing.load else \
             _confirm(passing, settings) or Done("highest")
     if passing is None:  # every probe failed: shrink, down to the lowest allowed
-        down = _rounded(failing.load / _factor(history, settings), settings, below=failing.load)
+        down = _rounded(failing.load / _factor(history, settings, down=True), settings, below=failing.load)
         down = max(down, _rounded(settings.lowest, settings))
         return Next(down, settings.requests, "shrinking to bracket") if down < failing.load else \
             _confirm(failing, settings) or Done("lowest")
@@ -195,9 +195,20 @@ def next_probe(history: Sequence[Probe], settings: SearchSettings) -> Next | Don
     return _confirm(passing, settings) or _confirm(failing, settings) or Done("found")
 
 
-def _factor(history: Sequence[Probe], settings: SearchSettings) -> float:
-    """The step to bracket: `growth`, or, accelerating, growth to the power of the probes measured so far."""
-    return settings.growth ** max(1, sum(p.void is None for p in history)) if settings.accelerating else settings.growth
+def _factor(history: Sequence[Probe], settings: SearchSettings, *, down: bool) -> float:
+    """The step to bracket: `growth`, or, accelerating, growth to the power k of the steps in a row that went that
+    way — the latest probes each below (`down`) or above every load before them. A bracket end that flipped on a new
+    draw is a load probed before: the search steps finely from it again."""
+    if not settings.accelerating:
+        return settings.growth
+    loads = [p.load for p in history if p.void is None]
+    steps = 0
+    for index in range(len(loads) - 1, -1, -1):
+        before = loads[:index]
+        if before and not (loads[index] < min(before) if down else loads[index] > max(before)):
+            break
+        steps += 1
+    return settings.growth ** max(1, steps)
 
 
 def narrowing_probe(history: Sequence[Probe], settings: SearchSettings, *, reaches_above: bool, reaches_below: bool,

@@ -45,8 +45,9 @@ def summarize(specs: list[PointSpec], requests: pd.DataFrame, *, failures: dict[
             continue
         point = by_point[spec.point_id]
         baseline = by_point.get(spec.baseline_id)
-        row.update(status="ok", error=None, **_metrics(point, baseline, spec, row),
-                   **_load(point, sent[spec.point_id], spec, slo or {}), **_spreads(point, spec))
+        steady = not pd.isna(row.get("lead_in_requests", None))  # a steady state: a lead-in before its window
+        row.update(status="ok", error=None, **_metrics(point, baseline, spec, row, steady=steady),
+                   **_load(point, sent[spec.point_id], spec, slo or {}, steady=steady), **_spreads(point, spec))
         row.update(_stability(row, context.get(spec.baseline_id, {}), baseline, spec))
         row["usd_per_mtok"] = cost.usd_per_mtok(usd_per_hour, row["tokens_per_s"])
         row["max_gamma_predicted_speedup"] = from_largest.get(spec.point_id)
@@ -83,7 +84,8 @@ def _cell(value: Any) -> Any:
     return None if value is None or pd.isna(value) else value
 
 
-def _metrics(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec, row: dict[str, Any]) -> dict[str, Any]:
+def _metrics(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec, row: dict[str, Any], *,
+             steady: bool = False) -> dict[str, Any]:
     drafted = point["drafted_tokens"].sum() if point["drafted_tokens"].notna().all() else None
     accepted = point["accepted_tokens"].sum() if point["accepted_tokens"].notna().all() else None
     itl = np.concatenate([np.asarray(v, dtype=float) for v in point["itl_ms"]]) if len(point) else np.array([])
@@ -92,7 +94,7 @@ def _metrics(point: pd.DataFrame, baseline: pd.DataFrame | None, spec: PointSpec
     metrics: dict[str, Any] = {
         "n_requests": len(point),
         "output_tokens": int(point["output_tokens"].sum()),
-        "tokens_per_s": _throughput(point, spec),
+        "tokens_per_s": _throughput(point, spec, steady=steady),
         "acceptance_rate": accepted / drafted if drafted else None,
         "alpha": _alpha(point, accepted) if drafted else None,
         "mean_accepted_length": point["decode_tokens"].sum() / steps if steps else None,
@@ -156,28 +158,42 @@ def _errors(sent: pd.DataFrame, *, kinds: int = 3) -> str | None:
     return text + (f"; and {len(counted) - kinds} other errors" if len(counted) > kinds else "")
 
 
-def _wall_s(point: pd.DataFrame, spec: PointSpec) -> float:
+def _wall_s(point: pd.DataFrame, spec: PointSpec, *, steady: bool = False) -> float:
     """The point's measured time: one request at a time, the requests' own times added up; under load (more
     than one in flight) the wall time from the first send to the last finish; at a request rate from the schedule's
-    start (its first arrival comes one gap after it) to the last finish, as vLLM's benchmark client times its run."""
+    start (its first arrival comes one gap after it) to the last finish, as vLLM's benchmark client times its run —
+    in a steady state from its window's start, which is not recorded: one mean gap before its first scheduled
+    arrival (the wait from a fixed instant to the next Poisson arrival is one mean gap), not the lead-in's start."""
     under_load = spec.open_loop or (spec.concurrency or 1) > 1
     if under_load and "start_ms" in point and point["start_ms"].notna().all():
-        start = 0.0 if spec.open_loop else point["start_ms"].min()
+        start = point["start_ms"].min()
+        if spec.open_loop:
+            start = max(0.0, float(_scheduled_ms(point).min()) - 1e3 / spec.request_rate) if steady else 0.0
         return float(((point["start_ms"] + point["e2e_ms"]).max() - start) / 1e3)
     return float(point["e2e_ms"].sum() / 1e3)
 
 
-def _throughput(point: pd.DataFrame, spec: PointSpec) -> float:
+def _scheduled_ms(point: pd.DataFrame) -> pd.Series:
+    """When each request was due: `scheduled_ms`, else its send less how late it went out."""
+    if "scheduled_ms" in point and point["scheduled_ms"].notna().all():
+        return point["scheduled_ms"]
+    late = pd.to_numeric(point["send_lateness_ms"], errors="coerce").clip(lower=0).fillna(0.0) \
+        if "send_lateness_ms" in point else 0.0
+    return point["start_ms"] - late
+
+
+def _throughput(point: pd.DataFrame, spec: PointSpec, *, steady: bool = False) -> float:
     """Output tokens per second over the point's measured time (never a sum of per-request rates)."""
-    wall_s = _wall_s(point, spec)
+    wall_s = _wall_s(point, spec, steady=steady)
     return float(point["output_tokens"].sum() / wall_s) if wall_s > 0 else float("nan")
 
 
-def _load(point: pd.DataFrame, sent: pd.DataFrame, spec: PointSpec, slo: Mapping[str, float]) -> dict[str, Any]:
+def _load(point: pd.DataFrame, sent: pd.DataFrame, spec: PointSpec, slo: Mapping[str, float], *,
+          steady: bool = False) -> dict[str, Any]:
     """Requests per second over the measured time; goodput (requests per second that met every SLO) and the
     fraction that did, where SLOs are given — a failed request (in `sent`, not in `point`) met none; at a request
     rate, the rate the client actually sent at and how late it sent (p99)."""
-    wall_s = _wall_s(point, spec)
+    wall_s = _wall_s(point, spec, steady=steady)
     failed = len(sent) - len(point)
     out: dict[str, Any] = {"request_throughput": len(point) / wall_s if wall_s > 0 else None, "goodput": None,
                            "slo_met_fraction": None, "achieved_request_rate": None,
