@@ -308,8 +308,8 @@ class CapacitySearch:
     def _placed(self, serial: PointSpec) -> tuple[float, int] | None:
         """Where the rate search starts when the concurrency search ran first: the requests/s its highest passing
         load completed (every draw there, weighted by requests), with that concurrency; None without one. A closed
-        loop has no arrival bursts, so the open-loop capacity lies at or a little below it: one or two probes
-        bracket it where steps from the serial rate take several."""
+        loop has no arrival bursts, so the open-loop capacity lies below it (0.56-0.74 of it on vLLM CPU,
+        docs/measurements.md): a few probes bracket it where steps of 2 from the serial rate overshoot."""
         entry = (pooled := self._pooled.get((serial, "concurrency"))) and pooled.entry
         top = entry and entry.get("bracket_low")
         drawn = [p for p in entry["probes"] if p["load"] == top and p.get("request_throughput")
@@ -355,8 +355,8 @@ class CapacitySearch:
 
 
 # the first step of a rate search placed from the concurrency capacity (then its square, its cube, ...): the open-loop
-# capacity is expected within a few tenths below it (arrival bursts fill the batch a closed loop keeps level), where
-# steps of 2 would overshoot by half
+# capacity lies below it (arrival bursts fill the batch a closed loop keeps level; 0.56-0.74 of it on vLLM CPU),
+# where a first step of 2 would overshoot by half
 PLACED_GROWTH = 1.25
 
 
