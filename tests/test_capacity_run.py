@@ -260,6 +260,15 @@ def test_capacity_is_found_per_configuration_with_gain_cost_replicas_and_every_p
         for e in document["configurations"]]
 
 
+def test_a_start_rps_given_overrides_the_placement_from_the_concurrency(folder, monkeypatch):
+    (folder / "standin.toml").write_text(PROFILE.replace("concurrency = true", "concurrency = true\nstart_rps = 1.1"))
+    result = run(monkeypatch, StandIn({"baseline": 1.3, "ngram": 1.7}, {"baseline": 3, "ngram": 5}))
+    assert result.exit_code == 0, result.output
+    entry = by_configuration(folder)["baseline", "request_rate"]
+    assert (entry["start"], entry["start_from"], entry["probes"][0]["load"]) == (1.1, "start_rps", 1.1)
+    assert "what concurrency" not in result.output
+
+
 def test_a_straddling_bracket_end_is_sent_again_with_twice_the_requests(folder, monkeypatch):
     (folder / "standin.toml").write_text(PROFILE.replace("attainment = 0.8", "attainment = 0.9")
                                          .replace("concurrency = true", "max_requests = 64"))
@@ -525,6 +534,7 @@ def test_repeated_searches_take_turns_draw_afresh_and_pool_into_one_capacity(fol
         # a later repeat starts where the repeats before it put the capacity, not at the serial rate again
         assert by_repeat[0][0]["load"] == 1.0
         assert by_repeat[1][0]["load"] == pytest.approx(entry["repeats"][0]["capacity"], rel=0.01)
+        assert (entry["start_from"], entry["start"]) == ("repeats", pytest.approx(by_repeat[2][0]["load"], rel=0.01))
         for k, probes in enumerate(by_repeat):  # its own points, recorded with their repeat
             for probe in probes:
                 assert ("-rep" in probe["point_id"]) == (k > 0)

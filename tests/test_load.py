@@ -149,10 +149,11 @@ def test_goodput_counts_the_requests_that_met_every_slo_over_the_wall_time():
 
 def test_a_steady_rate_points_throughput_is_over_its_window_not_its_lead_in():
     # 10 s of lead-in (3 requests sent, not recorded), then 4 measured requests at 2 requests/s: the window starts one
-    # mean gap (0.5 s) before its first scheduled arrival — the second one sent 100 ms late counts from its schedule
+    # mean gap (0.5 s) before its first scheduled arrival — the first one, due at 10.2 s, went out 100 ms late
     spec = PointSpec.baseline(0.0, 1.0, request_rate=2.0)
-    rows = rate_rows(spec, ttft=[100.0] * 4, tpot=[20.0] * 4, starts=[10_200.0, 10_800.0, 11_200.0, 11_700.0])
-    rows[1]["send_lateness_ms"] = 100.0
+    rows = rate_rows(spec, ttft=[100.0] * 4, tpot=[20.0] * 4, starts=[10_300.0, 10_800.0, 11_200.0, 11_700.0])
+    for row, due in zip(rows, [10_200.0, 10_800.0, 11_200.0, 11_700.0]):
+        row["scheduled_ms"] = due
     steady = summary.summarize([spec], pd.DataFrame(rows), failures={}, context={spec.point_id: {
         "lead_in_requests": 3, "tail_requests": 2, "window_s": 1.5}}, slo={"ttft_ms": 200.0}).iloc[0]
     wall_s = (11_700.0 + 400.0 - (10_200.0 - 500.0)) / 1e3

@@ -167,19 +167,12 @@ def _wall_s(point: pd.DataFrame, spec: PointSpec, *, steady: bool = False) -> fl
     under_load = spec.open_loop or (spec.concurrency or 1) > 1
     if under_load and "start_ms" in point and point["start_ms"].notna().all():
         start = point["start_ms"].min()
-        if spec.open_loop:
-            start = max(0.0, float(_scheduled_ms(point).min()) - 1e3 / spec.request_rate) if steady else 0.0
+        if spec.open_loop:  # the server backend records when each request was due (`scheduled_ms`)
+            due = point["scheduled_ms"] if "scheduled_ms" in point and point["scheduled_ms"].notna().all() \
+                else point["start_ms"]
+            start = max(0.0, float(due.min()) - 1e3 / spec.request_rate) if steady else 0.0
         return float(((point["start_ms"] + point["e2e_ms"]).max() - start) / 1e3)
     return float(point["e2e_ms"].sum() / 1e3)
-
-
-def _scheduled_ms(point: pd.DataFrame) -> pd.Series:
-    """When each request was due: `scheduled_ms`, else its send less how late it went out."""
-    if "scheduled_ms" in point and point["scheduled_ms"].notna().all():
-        return point["scheduled_ms"]
-    late = pd.to_numeric(point["send_lateness_ms"], errors="coerce").clip(lower=0).fillna(0.0) \
-        if "send_lateness_ms" in point else 0.0
-    return point["start_ms"] - late
 
 
 def _throughput(point: pd.DataFrame, spec: PointSpec, *, steady: bool = False) -> float:
