@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 
 import pandas as pd
@@ -15,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 import specbench.sweep.context
+from specbench.capacity.estimate import ProbeRequests, between_repeats, estimate_capacity, run_dispersion
 from specbench.capacity.sentence import number, percent_change
 from specbench.backends.server.backend import launch_key
 from specbench.backends.server.client import arrival_times
@@ -66,11 +68,14 @@ class StandIn:
     launch_key = staticmethod(launch_key)
 
     def __init__(self, rates: dict[str, float], concurrency: dict[str, int], *, broken=lambda spec: False,
-                 late_from: float | None = None, growing_from: float | None = None, burst_at: float | None = None):
+                 late_from: float | None = None, growing_from: float | None = None, burst_at: float | None = None,
+                 share=None, drift: float = 1.0):
         self.rates, self.concurrency, self.broken = rates, concurrency, broken  # broken(spec): the point fails
         self.late_from = late_from  # from this rate up, every request is sent 500 ms late (a client that cannot keep up)
         self.growing_from = growing_from  # from this rate up, its queue grows over the point (5 more waiting)
         self.burst_at = burst_at  # at this rate the first draw's last quarter misses (a burst), later draws meet
+        self.share = share  # share(spec, meets): the share of a rate probe's requests that meet (the rest at its end)
+        self.drift = drift  # each repeat of a capacity search finds every capacity this many times the last one's
         self.points: list[str] = []  # the points it was asked to run, in order
         self.sent: list[int] = []
         self.windows: dict[str, tuple[float, float]] = {}  # per point: the lead-in and window it was sent with
@@ -113,14 +118,16 @@ class StandInSession:
         if spec.open_loop:
             starts = [s * 1e3 for s in arrival_times(len(plan), request_rate=spec.request_rate, burstiness=1.0,
                                                      seed=self.profile.run.seed)]
-            meets = spec.request_rate <= self.engine.rates.get(configuration, self.engine.rates.get(spec.draft))
+            meets = spec.request_rate <= self.engine.rates.get(configuration, self.engine.rates.get(spec.draft)) * \
+                self.engine.drift ** (spec.capacity_repeat or 0)
         else:
             starts = [1000.0 * (i // spec.concurrency) for i in range(len(plan))]
             meets = spec.concurrency <= self.engine.concurrency.get(spec.draft, 1)
         burst = spec.open_loop and spec.request_rate == self.engine.burst_at and spec.capacity_draw == 0
+        share = self.engine.share(spec, meets) if self.engine.share and spec.open_loop else float(meets)
         rows = []
         for i, ((index, prompt, repeat, seed), start) in enumerate(zip(plan, starts)):
-            ttft = 100.0 if meets and not (burst and i >= 0.75 * len(plan)) else 5000.0
+            ttft = 100.0 if i < share * len(plan) and not (burst and i >= 0.75 * len(plan)) else 5000.0
             e2e = 1000.0 if spec.concurrency == 1 else ttft + 900.0
             rows.append({
                 "point_id": spec.point_id, "point_key": point_key, "request_id": f"{prompt.prompt_id}#{repeat}",
@@ -548,6 +555,7 @@ def test_repeated_searches_take_turns_draw_afresh_and_pool_into_one_capacity(fol
             pooled[load] = pooled.get(load, 0) + n
         assert [tuple(point[:2]) for point in entry["curve"]] == sorted(pooled.items())
         assert entry["status"] == "found" and entry["capacity_low"] <= truth < entry["capacity_high"]
+        assert entry["between_repeats"] < 0.05  # the repeats agree within a few per cent: little to add
     assert found["ngram γ3", "request_rate"]["verdict"] == "higher"
     text = " ".join(result.output.split())
     assert "baseline (repeat 2 of 3): this repeat " in text and "; every repeat so far pooled " in text
@@ -660,3 +668,56 @@ def test_a_window_shorter_than_two_request_lifetimes_is_said_before_the_search(f
     assert ("baseline: the 1.5 s window is shorter than two requests' lifetimes (1.0 s each one at a time): a window "
             "that short holds the engine's response to a few arrivals rather than a steady state; raise [capacity] "
             "window_s to several times 1.0 s") in " ".join(result.output.split())
+
+
+def test_every_interval_allows_for_the_scatter_of_the_runs_probes_on_its_axis(folder, monkeypatch):
+    (folder / "standin.toml").write_text(PROFILE.replace("concurrency = true", "concurrency = false"))
+
+    def share(spec, meets):  # n-gram's draws near its capacity scatter (a burst's worth lost), the baseline's do not
+        if not meets or spec.method == "baseline" or spec.request_rate < 1.0:
+            return float(meets)
+        return (0.5, 1.0, 0.8)[spec.capacity_draw % 3]
+
+    result = run(monkeypatch, StandIn({"baseline": 1.3, "ngram": 1.7}, {}, share=share))
+    assert result.exit_code == 0, result.output
+    found = by_configuration(folder)
+    requests = pd.read_parquet(folder / "out" / "requests.parquet")
+    searches = {}
+    for configuration in ("baseline", "ngram γ3"):
+        entry = found[configuration, "request_rate"]
+        probes = [p for p in entry["probes"] if not p["void"]]
+        searches[configuration] = [ProbeRequests(p["load"], (requests[requests.point_id == p["point_id"]]
+                                                             .sort_values("start_ms")["ttft_ms"] <= 1000).to_numpy())
+                                   for p in probes]
+    spread = run_dispersion(list(searches.values()))
+    assert spread is not None and spread > 1
+    widths = []
+    for configuration, probes in searches.items():
+        entry = found[configuration, "request_rate"]
+        assert entry["run_dispersion"] == pytest.approx(spread)
+        again = estimate_capacity(probes, target=0.8, integer=False, seed=0, run_dispersion=spread)
+        assert (entry["capacity"], entry["capacity_low"], entry["capacity_high"]) == pytest.approx(
+            (again.capacity, again.ci_low, again.ci_high))
+        alone = estimate_capacity(probes, target=0.8, integer=False, seed=0)
+        widths.append(tuple(math.inf if None in (e.ci_low, e.ci_high) else e.ci_high - e.ci_low for e in (alone, again)))
+    # the baseline's probes alone cannot tell their scatter (each load met every request or none): n-gram's can
+    assert found["baseline", "request_rate"]["dispersion"] is None
+    assert widths[0][1] > widths[0][0] and widths[1][1] == pytest.approx(widths[1][0])
+    text = " ".join(result.output.split())
+    assert f"request rate: the probes of every configuration scatter about their fits {spread:.2g}x" in text
+
+
+def test_repeats_that_disagree_beyond_their_intervals_widen_the_pooled_one(folder, monkeypatch):
+    # the machine speeds up by 30 % between the two repeats: each repeat's interval is narrow and holds its own
+    # capacity, not the other's; pooled, the interval takes the spread between them and holds both
+    (folder / "standin.toml").write_text(PROFILE.replace("concurrency = true", "concurrency = false\nrepeats = 2"))
+    result = run(monkeypatch, StandIn({"baseline": 1.3, "ngram": 1.7}, {}, drift=1.3))
+    assert result.exit_code == 0, result.output
+    for configuration, truth in (("baseline", 1.3), ("ngram γ3", 1.7)):
+        entry = by_configuration(folder)[configuration, "request_rate"]
+        first, second = entry["repeats"]
+        assert first["capacity_low"] <= truth < first["capacity_high"] < truth * 1.3 <= second["capacity_high"]
+        tau = between_repeats([(r["capacity"], r["capacity_low"], r["capacity_high"]) for r in entry["repeats"]],
+                              confidence=0.95)
+        assert entry["between_repeats"] == pytest.approx(tau) and tau > 0.1
+        assert (entry["capacity_low"] or 0) <= first["capacity"] and entry["capacity_high"] >= second["capacity"]

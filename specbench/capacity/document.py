@@ -94,6 +94,10 @@ class CapacityEntry:
     curve: tuple[tuple[float, int, float], ...] = ()  # (load, requests, fitted attainment) per load probed
     dispersion: float | None = None  # the probes' scatter about the fit over independent requests' (the interval
     # allows for it where above 1); None where too few probes could tell
+    run_dispersion: float | None = None  # the same pooled over every search of the run on this axis (the interval
+    # allows for the larger of the two); None where the run has one search on it, or too few probes
+    between_repeats: float | None = None  # with repeats: the spread of log capacity between them beyond their
+    # intervals (0: they agree; the pooled interval is widened by it)
     usd_per_mtok_at_capacity: float | None = None
     gain_vs_baseline: float | None = None  # capacity / the baseline's - 1, both found
     gain_low: float | None = None  # its interval, from both capacities' intervals

@@ -19,7 +19,15 @@ of freedom — counting only levels strictly between 0 and 1) says how many time
 independent requests would; where it exceeds 1, each replicate moves each probe's share by a normal draw bringing
 its spread up to that many binomial variances (one met and one missed request added, so that a probe that met every
 request moves too; not beyond what its blocks already gave). A search with fewer than two degrees of freedom
-left cannot tell (`dispersion` None); repeats, pooled, give it probes to tell from.
+left cannot tell (`dispersion` None); repeats, pooled, give it probes to tell from, and so do the other searches of
+the run on the same axis: one engine, one machine, one way of sending load, so their scatter pooled (X² over
+degrees of freedom, summed over searches: `run_dispersion`) is a steadier figure than one search's few probes give,
+and each interval allows for the larger of the two.
+
+One search sees the machine only while it runs. Repeats of it spread over the run ([capacity] repeats, the
+configurations taking turns) see it move: where their own estimates lie further apart than their intervals allow,
+the spread between them (DerSimonian and Laird's between-repeat variance of log capacity, `between_repeats`) widens
+the pooled interval, as a random effect on the pooled mean.
 
 Two configurations are compared by the ratio of their capacities, with an interval from theirs (log-normal: the
 half-widths of the two log intervals add in quadrature, conservative where the two searches shared their arrival
@@ -31,6 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
@@ -58,6 +67,7 @@ class CapacityEstimate:
     curve: tuple[tuple[float, int, float], ...]  # (load, requests, fitted attainment) per load probed
     note: str | None = None  # why it is ill-conditioned: wider than `max_half_width` either side, or open at an end
     dispersion: float | None = None  # the probes' scatter about the fit over independent requests' (None: too few)
+    run_dispersion: float | None = None  # the same pooled over the run's searches on this axis, where given
 
     @property
     def ill_conditioned(self) -> bool:
@@ -116,10 +126,11 @@ def crossing(loads: np.ndarray, fitted: np.ndarray, target: float, *, integer: b
 
 
 def estimate_capacity(probes: Sequence[ProbeRequests], *, target: float, confidence: float = 0.95,
-                      resamples: int = 1000, seed: int = 0, integer: bool = False,
-                      max_half_width: float = 0.15) -> CapacityEstimate | None:
+                      resamples: int = 1000, seed: int = 0, integer: bool = False, max_half_width: float = 0.15,
+                      run_dispersion: float | None = None) -> CapacityEstimate | None:
     """The capacity the probes put at `target` attainment, with a `confidence` block-bootstrap interval; None
-    without a probe that sent a request."""
+    without a probe that sent a request. `run_dispersion`: the scatter of every search of the run on this axis
+    (`run_dispersion`); the interval allows for it where it exceeds this search's own."""
     probes = [p for p in probes if len(p.met)]
     if not probes:
         return None
@@ -128,7 +139,7 @@ def estimate_capacity(probes: Sequence[ProbeRequests], *, target: float, confide
     capacity, status = crossing(loads, fitted, target, integer=integer)
     spread = dispersion(probes, loads, fitted)
     replicates = _bootstrap(probes, loads, sent, fitted, target=target, resamples=resamples, seed=seed,
-                            integer=integer, dispersion=spread or 1.0)
+                            integer=integer, dispersion=max(spread or 1.0, run_dispersion or 1.0))
     alpha = 1 - confidence
     low = float(np.quantile(replicates, alpha / 2, method="lower"))
     high = float(np.quantile(replicates, 1 - alpha / 2, method="higher"))
@@ -145,7 +156,7 @@ def estimate_capacity(probes: Sequence[ProbeRequests], *, target: float, confide
         ci_high = None if ci_high is None else max(ci_high, above)
     estimate = CapacityEstimate(capacity, ci_low, ci_high, confidence, status,
                                 tuple((float(x), int(n), float(f)) for x, n, f in zip(loads, sent, fitted)),
-                                dispersion=spread)
+                                dispersion=spread, run_dispersion=run_dispersion)
     return replace(estimate, note=_conditioning(estimate, target=target, max_half_width=max_half_width,
                                                 integer=integer, sampled=sampled))
 
@@ -162,16 +173,33 @@ def dispersion(probes: Sequence[ProbeRequests], loads: np.ndarray, fitted: np.nd
     fit's distinct levels (those strictly between 0 and 1); None with fewer than two degrees of freedom. 1: the
     probes scatter as independent requests would; 4: four times that variance (draws of arrivals differ more than
     their requests)."""
+    x2, freedom = scatter(probes, loads, fitted)
+    return x2 / freedom if freedom >= 2 else None
+
+
+def run_dispersion(searches: Sequence[Sequence[ProbeRequests]]) -> float | None:
+    """The dispersion of several searches' probes (one run, one axis) pooled: their X² summed over their degrees of
+    freedom summed, each about its own fit; None with fewer than two degrees of freedom in all."""
+    x2, freedom = 0.0, 0
+    for probes in searches:
+        probes = [p for p in probes if len(p.met)]
+        if probes:
+            loads, met, sent = pooled(probes)
+            one = scatter(probes, loads, fit_attainment(met, sent))
+            x2, freedom = x2 + one[0], freedom + one[1]
+    return x2 / freedom if freedom >= 2 else None
+
+
+def scatter(probes: Sequence[ProbeRequests], loads: np.ndarray, fitted: np.ndarray) -> tuple[float, int]:
+    """(Pearson's X² of the probes' shares about the fit, its degrees of freedom): `dispersion`'s parts."""
     at = np.searchsorted(loads, [float(p.load) for p in probes])
     n = np.array([len(p.met) for p in probes], dtype=float)
     share = np.array([np.count_nonzero(p.met) for p in probes]) / n
     # a level fitted at 0 or 1 holds probes that all missed or all met: they cannot scatter, nor tell how much
     inner = (fitted[at] > 0) & (fitted[at] < 1)
     freedom = int(np.count_nonzero(inner)) - len(np.unique(fitted[at][inner]))
-    if freedom < 2:
-        return None
     p = fitted[at][inner]
-    return float(((share[inner] - p) ** 2 / (p * (1 - p) / n[inner])).sum() / freedom)
+    return float(((share[inner] - p) ** 2 / (p * (1 - p) / n[inner])).sum()), max(freedom, 0)
 
 
 def _binomial_variance(p: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -229,6 +257,38 @@ def _conditioning(estimate: CapacityEstimate, *, target: float, max_half_width: 
             "the loads probed either side of it are far apart"
         return f"ill-conditioned: {why}, the capacity is known to ±{width * 100:.0f} % ({level} interval)"
     return None
+
+
+# --- repeats of one search ----------------------------------------------------------------------------------------
+
+
+def between_repeats(estimates: Sequence[tuple[float | None, float | None, float | None]], *,
+                    confidence: float) -> float | None:
+    """τ, the spread of log capacity between repeats beyond what their own intervals allow (DerSimonian-Laird):
+    from each repeat's (capacity, low, high), its log estimate with the standard error its interval implies (at
+    least 1 %); 0 where they agree within their intervals; None with fewer than two repeats whose intervals are
+    closed."""
+    z = _z(confidence)
+    closed = [(c, lo, hi) for c, lo, hi in estimates if c and lo and hi and 0 < lo <= c <= hi]
+    if len(closed) < 2:
+        return None
+    y = np.log([c for c, _, _ in closed])
+    w = 1 / np.maximum([math.log(hi / lo) / (2 * z) for _, lo, hi in closed], 0.01) ** 2
+    q = float((w * (y - (w * y).sum() / w.sum()) ** 2).sum())
+    return math.sqrt(max(0.0, (q - (len(closed) - 1)) / (w.sum() - (w ** 2).sum() / w.sum())))
+
+
+def widened(capacity: float, low: float | None, high: float | None, *, tau: float, repeats: int,
+            confidence: float) -> tuple[float | None, float | None]:
+    """The pooled interval with the between-repeat spread τ added to each side's log half-width in quadrature, as
+    the random effect of the mean of `repeats` repeats (z x τ / √repeats); an open end stays open."""
+    extra = _z(confidence) * tau / math.sqrt(repeats)
+    return (None if low is None else capacity * math.exp(-math.hypot(math.log(capacity / low), extra)),
+            None if high is None else capacity * math.exp(math.hypot(math.log(high / capacity), extra)))
+
+
+def _z(confidence: float) -> float:
+    return float(NormalDist().inv_cdf(0.5 + confidence / 2))
 
 
 # --- two configurations ------------------------------------------------------------------------------------------

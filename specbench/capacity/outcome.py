@@ -27,6 +27,7 @@ class Pooled:
         self.by_point: dict[str, ProbeRequests] = {}
         self.repeats: list[dict[str, Any]] = []  # per repeat: its own capacity, interval and status
         self.entry: dict[str, Any] | None = None
+        self.settings: SearchSettings | None = None  # the last repeat's
 
     @property
     def requests(self) -> list[ProbeRequests]:
@@ -39,7 +40,8 @@ class Pooled:
         return float(np.median(found)) if found else None
 
     def add(self, repeat: int, history: list[Probe], requests: dict[str, ProbeRequests],
-            outcome: dict[str, Any]) -> None:
+            outcome: dict[str, Any], settings: SearchSettings) -> None:
+        self.settings = settings
         self.histories.append(history)
         self.by_point.update(requests)
         self.repeats.append({"repeat": repeat, "status": outcome["status"], "capacity": outcome["capacity"],
@@ -82,7 +84,8 @@ def capacity_text(outcome: dict[str, Any]) -> str:
 
 def empty_outcome() -> dict[str, Any]:
     return {"capacity": None, "capacity_low": None, "capacity_high": None, "bracket_low": None, "bracket_high": None,
-            "attainment_low": None, "attainment_high": None, "note": None, "curve": [], "dispersion": None}
+            "attainment_low": None, "attainment_high": None, "note": None, "curve": [], "dispersion": None,
+            "run_dispersion": None, "between_repeats": None}
 
 
 def search_outcome(history: list[Probe], settings: SearchSettings, probes: list[dict], axis: str, *,

@@ -7,18 +7,17 @@ brackets, gains over the baseline and costs to capacity.json."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import replace
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from specbench.capacity.document import CapacityDocument, write_capacity
-from specbench.capacity.estimate import ESTIMATED, ProbeRequests, estimate_capacity
+from specbench.capacity.estimate import (ESTIMATED, ProbeRequests, between_repeats, estimate_capacity,
+                                         run_dispersion, widened)
 from specbench.capacity.outcome import (Pooled, capacity_document, capacity_text, merged_history,
                                         met_in_arrival_order, search_outcome)
 from specbench.capacity.search import (Done, Next, Probe, SearchSettings, bracket, decide, fewest_to_confirm,
@@ -28,6 +27,7 @@ from specbench.core.manifest import read_manifest, write_manifest
 from specbench.core.results import PointSpec
 from specbench.sweep.context import RunContext
 from specbench.sweep.files import RunFiles
+from specbench.sweep.probe import probe_seconds, sending, serial_misses, span_s
 
 if TYPE_CHECKING:
     from specbench.sweep.loop import PointRun, SweepObserver
@@ -81,7 +81,9 @@ class CapacitySearch:
             self._write_manifest()
 
     def finish(self) -> CapacityDocument:
-        """capacity.json: gains over the baseline and costs filled in, written atomically; returned."""
+        """capacity.json: every interval allowing for the run's dispersion (`restate`), gains over the baseline and
+        costs filled in, written atomically; returned."""
+        self.restate()
         document = capacity_document(self.entries, slo=self.slo, spec=self.spec, profile=self.ctx.profile)
         write_capacity(document, self.files.out_dir)
         self._write_manifest()
@@ -153,28 +155,75 @@ class CapacitySearch:
             step = self._next(history, settings, requests)
             entry["probes"].append(self._record(spec, probe, settings, axis=axis, name=name, rows=rows, reused=reused,
                                                 error=error, after=step) | {"repeat": repeat})
-        seed = self.ctx.profile.run.seed
-        own = estimate_capacity(list(requests.values()), target=settings.target, confidence=settings.confidence,
-                                integer=settings.integer, seed=seed)
-        outcome = search_outcome(history, settings, [p for p in entry["probes"] if p["repeat"] == repeat], axis,
-                                 estimate=own, usd_per_hour=self.ctx.profile.usd_per_replica_hour)
-        errors = [p["error"] for p in entry["probes"] if p["repeat"] == repeat]
-        if errors and all(errors):  # nothing was measured at any load: the search says why rather than a capacity
-            outcome["status"] = f"failed: {errors[-1]}"
-        pooled.add(repeat, history, requests, outcome)
+        outcome = self._outcome(history, settings, entry["probes"], axis, requests=list(requests.values()),
+                                repeat=repeat)
+        pooled.add(repeat, history, requests, outcome, settings)
         if self.spec.repeats == 1:
             return {**entry, **outcome}
-        together = estimate_capacity(pooled.requests, target=settings.target, confidence=settings.confidence,
-                                     integer=settings.integer, seed=seed)
-        # the repeats' probes as one search's, judged without the per-search limits (each repeat had its own)
-        unlimited = replace(settings, max_probes=len(entry["probes"]) + 1, max_time_s=None)
-        merged = search_outcome(merged_history(pooled.histories), unlimited, entry["probes"], axis,
-                                estimate=together, usd_per_hour=self.ctx.profile.usd_per_replica_hour)
-        if all(r["status"].startswith("failed") for r in pooled.repeats):
-            merged["status"] = pooled.repeats[-1]["status"]
+        merged = self._merged(pooled, entry["probes"], axis)
         self.observer.message(f"{name}: this repeat {capacity_text(outcome)}; every repeat so far pooled "
                               f"{capacity_text(merged)}")
         return {**entry, **merged, "repeats": list(pooled.repeats)}
+
+    def _outcome(self, history: list[Probe], settings: SearchSettings, probes: list[dict], axis: str, *,
+                 requests: list[ProbeRequests], repeat: int, run_dispersion: float | None = None) -> dict[str, Any]:
+        """One repeat's outcome: its capacity fitted to its own requests, with its interval (allowing for the run's
+        dispersion on this axis where given), bracket and cost."""
+        own = estimate_capacity(requests, target=settings.target, confidence=settings.confidence,
+                                integer=settings.integer, seed=self.ctx.profile.run.seed, run_dispersion=run_dispersion)
+        mine = [p for p in probes if p["repeat"] == repeat]
+        outcome = search_outcome(history, settings, mine, axis, estimate=own,
+                                 usd_per_hour=self.ctx.profile.usd_per_replica_hour)
+        errors = [p["error"] for p in mine]
+        if errors and all(errors):  # nothing was measured at any load: the search says why rather than a capacity
+            outcome["status"] = f"failed: {errors[-1]}"
+        return outcome
+
+    def _merged(self, pooled: Pooled, probes: list[dict], axis: str, *,
+                run_dispersion: float | None = None) -> dict[str, Any]:
+        """Every repeat so far as one search: the capacity fitted to all their requests, its interval widened by
+        the spread between the repeats' own estimates (`estimate.between_repeats`), judged without the per-search
+        limits (each repeat had its own)."""
+        settings = pooled.settings
+        together = estimate_capacity(pooled.requests, target=settings.target, confidence=settings.confidence,
+                                     integer=settings.integer, seed=self.ctx.profile.run.seed,
+                                     run_dispersion=run_dispersion)
+        unlimited = replace(settings, max_probes=len(probes) + 1, max_time_s=None)
+        merged = search_outcome(merged_history(pooled.histories), unlimited, probes, axis, estimate=together,
+                                usd_per_hour=self.ctx.profile.usd_per_replica_hour)
+        if all(r["status"].startswith("failed") for r in pooled.repeats):
+            merged["status"] = pooled.repeats[-1]["status"]
+        tau = between_repeats([(r["capacity"], r["capacity_low"], r["capacity_high"]) for r in pooled.repeats],
+                              confidence=settings.confidence)
+        merged["between_repeats"] = tau
+        if tau and merged["capacity"] is not None:
+            merged["capacity_low"], merged["capacity_high"] = widened(
+                merged["capacity"], merged["capacity_low"], merged["capacity_high"], tau=tau,
+                repeats=sum(r["capacity"] is not None for r in pooled.repeats), confidence=settings.confidence)
+        return merged
+
+    def restate(self) -> None:
+        """Every search's interval again, now that the run has searched every configuration: allowing for the
+        dispersion of all its probes on that axis (`estimate.run_dispersion`; one search's few probes say little of
+        how much more than independent requests its draws scatter, the run's say more). Said once per axis."""
+        for axis in ("concurrency", "request_rate"):
+            searched = [p for (_, a), p in self._pooled.items() if a == axis and p.entry is not None and p.settings
+                        and not str(p.entry.get("status")).startswith("failed")]
+            spread = run_dispersion([p.requests for p in searched]) if len(searched) > 1 else None
+            if spread is None:
+                continue
+            for pooled in searched:
+                entry = pooled.entry
+                if self.spec.repeats == 1:
+                    entry.update(self._outcome(pooled.histories[-1], pooled.settings, entry["probes"], axis,
+                                               requests=pooled.requests, repeat=0, run_dispersion=spread))
+                else:
+                    entry.update(self._merged(pooled, entry["probes"], axis, run_dispersion=spread))
+                entry["run_dispersion"] = spread
+            self.observer.message(
+                f"{_axis_name(axis)}: the probes of every configuration scatter about their fits {spread:.2g}x as much "
+                f"as independent requests would (pooled over {len(searched)} searches): each interval allows for it "
+                f"where its own search's probes showed less")
 
     def _next(self, history: list[Probe], settings: SearchSettings,
               requests: dict[str, ProbeRequests]) -> Next | Done:
@@ -328,7 +377,7 @@ class CapacitySearch:
             with self.files.lock():  # the point's key is what the session sends: inside `sending`
                 recorded = self.files.recorded(spec, self.ctx)
             if recorded is not None and len(recorded) >= n_requests:
-                return recorded, _span_s(recorded), True, None
+                return recorded, span_s(recorded), True, None
             self.observer.point_started(spec, sent)
             started = time.monotonic()
             run = self.evaluate(spec, self.ctx, observer=self.observer)
@@ -368,56 +417,8 @@ class NoLoadCanPass(RuntimeError):
     """The configuration's requests one at a time already miss the SLO: no load can hold it."""
 
 
-def serial_misses(rows: pd.DataFrame, slo: dict[str, float], *, target: float) -> str | None:
-    """Why no rate can hold the SLO, judged from requests sent one at a time (no queue: a rate only adds to their
-    times), or None: where a limit lies below the median of its figure, more than half the requests miss it even
-    alone, so no load reaches an attainment above one half."""
-    if target <= 0.5:
-        return None
-    for name, limit in slo.items():
-        values = pd.to_numeric(rows[name], errors="coerce").dropna() if name in rows else pd.Series(dtype=float)
-        if len(values) and float(values.median()) > limit:
-            return (f"one request at a time already misses it ({name} p50 {float(values.median()):.4g} > {limit:g}, "
-                    f"{len(values)} requests)")
-    return None
-
-
-@contextmanager
-def sending(ctx: RunContext, n_requests: int, *, open_loop: bool, steady: bool = True) -> Iterator[int]:
-    """While the session sends a probe: `n_requests` at a request rate ([load] requests), or every prompt as many
-    times as it takes at a concurrency (run.repeats); in the search's steady state ([capacity] lead_in_s, window_s as
-    [load]'s, measuring at least `n_requests`). Yields the requests it will measure at least."""
-    profile, capacity = ctx.session.profile, ctx.profile.capacity
-    window = {"lead_in_s": capacity.lead_in_s, "window_s": capacity.window_s} if steady else {}
-    load = profile.load.model_copy(update={"requests": n_requests, **window})
-    if open_loop:
-        changed = profile.model_copy(update={"load": load})
-        sent = n_requests
-    else:
-        repeats = max(profile.run.repeats, math.ceil(n_requests / len(ctx.session.prompts)))
-        changed = profile.model_copy(update={"run": profile.run.model_copy(update={"repeats": repeats}),
-                                             "load": load if load.steady else profile.load})
-        sent = n_requests if load.steady else repeats * len(ctx.session.prompts)
-    ctx.session.profile = changed
-    try:
-        yield sent
-    finally:
-        ctx.session.profile = profile
-
-
-def probe_seconds(capacity, *, load: float, n_requests: int, request_s: float | None, open_loop: bool) -> float | None:
-    """About how long a probe takes: its lead-in, its window (or the time its requests take to arrive, if longer) and
-    one request's own time (the tail's wait for the last measured one); None where that is unknown (at a
-    concurrency, or without a serial request's time)."""
-    if request_s is None or not open_loop:
-        return None
-    return capacity.lead_in_s + max(capacity.window_s, n_requests / load) + request_s
-
-
-def _span_s(rows: pd.DataFrame) -> float:
-    if "start_ms" in rows and rows["start_ms"].notna().all() and len(rows):
-        return float(((rows["start_ms"] + rows["e2e_ms"]).max() - rows["start_ms"].min()) / 1e3)
-    return float(rows["e2e_ms"].sum() / 1e3)
+def _axis_name(axis: str) -> str:
+    return "request rate" if axis == "request_rate" else "concurrency"
 
 
 def _load_text(load: float, axis: str) -> str:
