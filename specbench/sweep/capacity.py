@@ -210,20 +210,19 @@ class CapacitySearch:
             searched = [p for (_, a), p in self._pooled.items() if a == axis and p.entry is not None and p.settings
                         and not str(p.entry.get("status")).startswith("failed")]
             spread = run_dispersion([p.requests for p in searched]) if len(searched) > 1 else None
-            if spread is None:
-                continue
             for pooled in searched:
                 entry = pooled.entry
-                if self.spec.repeats == 1:
+                if spread is not None and spread > 1:  # at or below 1 it changes no interval
                     entry.update(self._outcome(pooled.histories[-1], pooled.settings, entry["probes"], axis,
-                                               requests=pooled.requests, repeat=0, run_dispersion=spread))
-                else:
-                    entry.update(self._merged(pooled, entry["probes"], axis, run_dispersion=spread))
+                                               requests=pooled.requests, repeat=0, run_dispersion=spread)
+                                 if self.spec.repeats == 1 else
+                                 self._merged(pooled, entry["probes"], axis, run_dispersion=spread))
                 entry["run_dispersion"] = spread
-            self.observer.message(
-                f"{_axis_name(axis)}: the probes of every configuration scatter about their fits {spread:.2g}x as much "
-                f"as independent requests would (pooled over {len(searched)} searches): each interval allows for it "
-                f"where its own search's probes showed less")
+            if spread is not None and spread > 1:
+                self.observer.message(
+                    f"{_axis_name(axis)}: the probes of every configuration scatter about their fits {spread:.2g}x as "
+                    f"much as independent requests would (pooled over {len(searched)} searches): each interval allows "
+                    f"for it where its own search's probes showed less")
 
     def _next(self, history: list[Probe], settings: SearchSettings,
               requests: dict[str, ProbeRequests]) -> Next | Done:
