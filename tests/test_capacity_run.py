@@ -721,3 +721,13 @@ def test_repeats_that_disagree_beyond_their_intervals_widen_the_pooled_one(folde
                               confidence=0.95)
         assert entry["between_repeats"] == pytest.approx(tau) and tau > 0.1
         assert (entry["capacity_low"] or 0) <= first["capacity"] and entry["capacity_high"] >= second["capacity"]
+
+
+def test_the_note_says_how_wide_the_repeats_spread_made_the_interval(folder, monkeypatch):
+    # a machine 10 % faster in the second repeat: n-gram's repeats (1.7, then 1.87 requests/s) lie apart
+    (folder / "standin.toml").write_text(PROFILE.replace("concurrency = true", "concurrency = false\nrepeats = 2"))
+    assert run(monkeypatch, StandIn({"baseline": 1.3, "ngram": 1.7}, {}, drift=1.1)).exit_code == 0
+    entry = by_configuration(folder)["ngram γ3", "request_rate"]
+    low, high, tau = entry["capacity_low"], entry["capacity_high"], entry["between_repeats"]
+    assert tau > 0.05 and low is not None and high is not None
+    assert f"(τ {tau:.2g}): widened to ±{(high - low) / 2 / entry['capacity'] * 100:.0f} %" in entry["note"]

@@ -197,9 +197,13 @@ class CapacitySearch:
                               confidence=settings.confidence)
         merged["between_repeats"] = tau
         if tau and merged["capacity"] is not None:
-            merged["capacity_low"], merged["capacity_high"] = widened(
+            low, high = merged["capacity_low"], merged["capacity_high"] = widened(
                 merged["capacity"], merged["capacity_low"], merged["capacity_high"], tau=tau,
                 repeats=sum(r["capacity"] is not None for r in pooled.repeats), confidence=settings.confidence)
+            if low is not None and high is not None:  # the fit's own conditioning said its width before this
+                said = (f"the repeats lie further apart than their intervals allow (τ {tau:.2g}): widened to "
+                        f"±{(high - low) / (2 * merged['capacity']) * 100:.0f} %")
+                merged["note"] = "; ".join(n for n in (merged["note"], said) if n)
         return merged
 
     def restate(self) -> None:
