@@ -205,15 +205,18 @@ endif
 # a kind at a time; each worker's checks that no engine is left behind look at its own engines; one thread each, as
 # OpenMP spin-waits crawl on a shared core), the independent one-thread tests wherever a worker is free. Then the tests
 # marked `alone` (a rate kept, a knee found) with nothing beside them. tests/conftest.py adds both up against
-# tests/budget.toml. ARGS narrows both (a file, -k); exit 5 (nothing selected in a half) is no error.
+# tests/budget.toml. ARGS narrows both (a file, -k); exit 5 (nothing selected in a half) is no error. Each test's seconds
+# (JSON lines) go to a temporary file, or are kept where TEST_LEDGER names it (.ci/run: .ci/test-seconds.jsonl), for
+# tests/compare_seconds.py to set against another machine's.
 TEST_WORKERS ?= 2
+TEST_LEDGER ?=
 test: $(STAMP)
-	@ledger=$$(mktemp); rc=0; \
+	@ledger=$(if $(TEST_LEDGER),$(TEST_LEDGER),$$(mktemp)); rc=0; : >$$ledger; \
 	OMP_NUM_THREADS=1 SPECBENCH_TEST_LEDGER=$$ledger $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup \
 		-m "not alone and not bench" $(ARGS) \
 		|| [ $$? -eq 5 ] || rc=1; \
 	SPECBENCH_TEST_LEDGER=$$ledger $(BIN)/python -m pytest -q -m "alone and not bench" $(ARGS) || [ $$? -eq 5 ] || rc=1; \
-	rm -f $$ledger; exit $$rc
+	$(if $(TEST_LEDGER),,rm -f $$ledger;) exit $$rc
 
 # native eager, native compiled (static caches, torch.compile), HF generate, and vLLM's CPU build where installed
 # (make engine-vllm): the baseline, n-gram and the int8 self-draft at gamma 3 on the same prompts (~10 min here)

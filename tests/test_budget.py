@@ -94,3 +94,41 @@ def test_a_left_behind_check_sees_its_own_workers_processes_only():
         for process in (mine, other):
             process.kill()
             process.wait()
+
+
+def test_two_machines_ledgers_compare_file_by_file_and_test_by_test(tmp_path, capsys):
+    """What make test writes (ledger_totals), set against another machine's: the totals, then the files and tests
+    that added the most seconds first, each with its ratio; a test on one side only is new or gone."""
+    from compare_seconds import main
+
+    fast, slow = tmp_path / "fast.jsonl", tmp_path / "slow.jsonl"
+    ledger_totals({"tests/test_a.py::one": 10.0, "tests/test_a.py::two": 5.0, "tests/test_b.py::vllm": 100.0,
+                   "tests/test_c.py::gone": 1.0}, {"tests/test_b.py::vllm"}, fast)
+    ledger_totals({"tests/test_a.py::one": 40.0, "tests/test_a.py::two": 5.0, "tests/test_b.py::vllm": 200.0,
+                   "tests/test_d.py::new": 2.0}, {"tests/test_b.py::vllm"}, slow)
+    assert main([str(fast), str(slow), "--top", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["all", "tests", "116", "s", "->", "247", "s", "2.13x"]
+    assert lines[2].split() == ["real-engine", "tests", "100", "s", "->", "200", "s", "2.00x"]
+    assert lines[3] == "the 3 files that added the most seconds:"
+    assert [line.split()[-2:] for line in lines[4:7]] == [
+        ["2.00x", "tests/test_b.py"], ["3.00x", "tests/test_a.py"], ["new", "tests/test_d.py"]]
+    assert lines[7] == "the 3 tests that added the most seconds:"
+    assert [line.split()[-2:] for line in lines[8:11]] == [
+        ["2.00x", "tests/test_b.py::vllm"], ["4.00x", "tests/test_a.py::one"], ["new", "tests/test_d.py::new"]]
+    assert lines[8].split()[:4] == ["+100.0", "s", "100.0", "->"]
+    assert main([str(fast), str(slow), "--top", "5"]) == 0
+    assert "gone  tests/test_c.py::gone" in capsys.readouterr().out
+
+
+def test_a_ledger_that_is_missing_or_not_a_ledger_is_one_line_and_exit_2(tmp_path, capsys):
+    from compare_seconds import main
+
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    ledger_totals({"tests/test_a.py::one": 1.0}, set(), good)
+    bad.write_text('{"test": "tests/test_a.py::one", "seconds": 1.0}\n{"name": "x"}\n')
+    assert main([str(good), str(tmp_path / "none.jsonl")]) == 2
+    assert main([str(good), str(bad)]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 2 and errors[0].startswith(f"{tmp_path / 'none.jsonl'}: no such ledger")
+    assert errors[1].startswith(f"{bad}:2: not a ledger line")
