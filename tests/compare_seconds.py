@@ -16,6 +16,10 @@ from collections import defaultdict
 from pathlib import Path
 
 
+class LedgerError(ValueError):
+    """A line that is not what make test writes."""
+
+
 def read_ledger(path: Path) -> tuple[dict[str, float], set[str]]:
     """Each test's seconds (summed where a test appears more than once) and the tests that ran a real engine."""
     seconds: dict[str, float] = defaultdict(float)
@@ -27,8 +31,8 @@ def read_ledger(path: Path) -> tuple[dict[str, float], set[str]]:
             row = json.loads(line)
             seconds[row["test"]] += float(row["seconds"])
         except (ValueError, KeyError, TypeError) as error:
-            raise SystemExit(f"{path}:{number}: not a ledger line ({error}); expected "
-                             '{"test": ..., "seconds": ..., "engine": ...} as make test writes it')
+            raise LedgerError(f"{path}:{number}: not a ledger line ({error}); expected "
+                              '{"test": ..., "seconds": ..., "engine": ...} as make test writes it') from None
         if row.get("engine"):
             engine.add(row["test"])
     return dict(seconds), engine
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         print("\n".join(report(args.reference, args.this, args.top)))
-    except SystemExit as error:
+    except LedgerError as error:
         print(error, file=sys.stderr)
         return 2
     return 0
