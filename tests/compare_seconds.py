@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+
+# the xdist group `--dist loadgroup` appends to a test's id ("...[param]@static"): the same test with or without it
+GROUP_SUFFIX = re.compile(r"@[A-Za-z_][\w-]*$")
 
 
 class LedgerError(ValueError):
@@ -29,12 +34,13 @@ def read_ledger(path: Path) -> tuple[dict[str, float], set[str]]:
             continue
         try:
             row = json.loads(line)
-            seconds[row["test"]] += float(row["seconds"])
+            test = GROUP_SUFFIX.sub("", row["test"])
+            seconds[test] += float(row["seconds"])
         except (ValueError, KeyError, TypeError) as error:
             raise LedgerError(f"{path}:{number}: not a ledger line ({error}); expected "
                               '{"test": ..., "seconds": ..., "engine": ...} as make test writes it') from None
         if row.get("engine"):
-            engine.add(row["test"])
+            engine.add(test)
     return dict(seconds), engine
 
 

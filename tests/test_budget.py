@@ -119,6 +119,16 @@ def test_two_machines_ledgers_compare_file_by_file_and_test_by_test(tmp_path, ca
     assert lines[8].split()[:4] == ["+100.0", "s", "100.0", "->"]
     assert main([str(fast), str(slow), "--top", "5"]) == 0
     assert "gone  tests/test_c.py::gone" in capsys.readouterr().out
+    # one test whether or not xdist's group is appended to its id (a parameter's "@" stays)
+    grouped = tmp_path / "grouped.jsonl"
+    ledger_totals({"tests/test_a.py::one[x@y]@static": 20.0, "tests/test_a.py::two@tune-efficiency": 5.0}, set(),
+                  grouped)
+    plain = tmp_path / "plain.jsonl"
+    ledger_totals({"tests/test_a.py::one[x@y]": 10.0, "tests/test_a.py::two": 5.0}, set(), plain)
+    assert main([str(plain), str(grouped), "--top", "2"]) == 0
+    tests = capsys.readouterr().out.split("tests that added the most seconds:")[1].splitlines()[1:]
+    assert [line.split()[-2:] for line in tests] == [["2.00x", "tests/test_a.py::one[x@y]"],
+                                                     ["1.00x", "tests/test_a.py::two"]]
 
 
 def test_a_ledger_that_is_missing_or_not_a_ledger_is_one_line_and_exit_2(tmp_path, capsys):
