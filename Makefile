@@ -211,12 +211,12 @@ endif
 TEST_WORKERS ?= 2
 TEST_LEDGER ?=
 test: $(STAMP)
-	@ledger=$(if $(TEST_LEDGER),$(TEST_LEDGER),$$(mktemp)); rc=0; : >$$ledger; \
-	OMP_NUM_THREADS=1 SPECBENCH_TEST_LEDGER=$$ledger $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup \
+	@ledger=$(if $(TEST_LEDGER),"$(TEST_LEDGER)",$$(mktemp)); rc=0; : >"$$ledger"; \
+	OMP_NUM_THREADS=1 SPECBENCH_TEST_LEDGER="$$ledger" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup \
 		-m "not alone and not bench" $(ARGS) \
 		|| [ $$? -eq 5 ] || rc=1; \
-	SPECBENCH_TEST_LEDGER=$$ledger $(BIN)/python -m pytest -q -m "alone and not bench" $(ARGS) || [ $$? -eq 5 ] || rc=1; \
-	$(if $(TEST_LEDGER),,rm -f $$ledger;) exit $$rc
+	SPECBENCH_TEST_LEDGER="$$ledger" $(BIN)/python -m pytest -q -m "alone and not bench" $(ARGS) || [ $$? -eq 5 ] || rc=1; \
+	$(if $(TEST_LEDGER),,rm -f "$$ledger";) exit $$rc
 
 # native eager, native compiled (static caches, torch.compile), HF generate, and vLLM's CPU build where installed
 # (make engine-vllm): the baseline, n-gram and the int8 self-draft at gamma 3 on the same prompts (~10 min here)

@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("this", type=Path, help="this machine's ledger")
     parser.add_argument("--top", type=int, default=15, help="how many files and tests to list (default 15)")
     args = parser.parse_args(argv)
+    if args.top < 1:
+        print(f"--top {args.top}: list at least 1 file and test (e.g. --top 15)", file=sys.stderr)
+        return 2
     for path in (args.reference, args.this):
         if not path.is_file():
             print(f"{path}: no such ledger; `make test` writes one where TEST_LEDGER names it (.ci/run: "

@@ -131,7 +131,7 @@ def test_two_machines_ledgers_compare_file_by_file_and_test_by_test(tmp_path, ca
                                                      ["1.00x", "tests/test_a.py::two"]]
 
 
-def test_a_ledger_that_is_missing_or_not_a_ledger_is_one_line_and_exit_2(tmp_path, capsys):
+def test_a_ledger_missing_or_not_a_ledger_or_a_top_below_1_is_one_line_and_exit_2(tmp_path, capsys):
     from compare_seconds import main
 
     good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
@@ -139,6 +139,9 @@ def test_a_ledger_that_is_missing_or_not_a_ledger_is_one_line_and_exit_2(tmp_pat
     bad.write_text('{"test": "tests/test_a.py::one", "seconds": 1.0}\n{"name": "x"}\n')
     assert main([str(good), str(tmp_path / "none.jsonl")]) == 2
     assert main([str(good), str(bad)]) == 2
-    errors = capsys.readouterr().err.splitlines()
-    assert len(errors) == 2 and errors[0].startswith(f"{tmp_path / 'none.jsonl'}: no such ledger")
+    assert main([str(good), str(good), "--top", "0"]) == 2
+    captured = capsys.readouterr()
+    errors = captured.err.splitlines()
+    assert len(errors) == 3 and errors[0].startswith(f"{tmp_path / 'none.jsonl'}: no such ledger")
     assert errors[1].startswith(f"{bad}:2: not a ledger line")
+    assert errors[2].startswith("--top 0: list at least 1") and captured.out == ""
