@@ -76,9 +76,15 @@ class CapacityEstimate:
     @property
     def half_width(self) -> float | None:
         """Half the interval as a fraction of the estimate (0.1: ±10 %); None where it is open or there is none."""
-        if self.capacity is None or self.ci_low is None or self.ci_high is None or self.capacity <= 0:
-            return None
-        return (self.ci_high - self.ci_low) / (2 * self.capacity)
+        return half_width(self.capacity, self.ci_low, self.ci_high)
+
+
+def half_width(capacity: float | None, low: float | None, high: float | None) -> float | None:
+    """Half the interval [low, high] as a fraction of `capacity` (0.1: ±10 %); None where it is open or there is
+    none."""
+    if capacity is None or low is None or high is None or capacity <= 0:
+        return None
+    return (high - low) / (2 * capacity)
 
 
 def pooled(probes: Sequence[ProbeRequests]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from specbench.capacity.document import CapacityDocument, write_capacity
-from specbench.capacity.estimate import (ESTIMATED, ProbeRequests, between_repeats, estimate_capacity,
+from specbench.capacity.estimate import (ESTIMATED, ProbeRequests, between_repeats, estimate_capacity, half_width,
                                          run_dispersion, widened)
 from specbench.capacity.outcome import (Pooled, capacity_document, capacity_text, merged_history,
                                         met_in_arrival_order, search_outcome)
@@ -197,12 +197,13 @@ class CapacitySearch:
                               confidence=settings.confidence)
         merged["between_repeats"] = tau
         if tau and merged["capacity"] is not None:
-            low, high = merged["capacity_low"], merged["capacity_high"] = widened(
+            merged["capacity_low"], merged["capacity_high"] = widened(
                 merged["capacity"], merged["capacity_low"], merged["capacity_high"], tau=tau,
                 repeats=sum(r["capacity"] is not None for r in pooled.repeats), confidence=settings.confidence)
-            if low is not None and high is not None:  # the fit's own conditioning said its width before this
+            width = half_width(merged["capacity"], merged["capacity_low"], merged["capacity_high"])
+            if width is not None:  # the fit's own conditioning said its width before this
                 said = (f"the repeats lie further apart than their intervals allow (τ {tau:.2g}): widened to "
-                        f"±{(high - low) / (2 * merged['capacity']) * 100:.0f} %")
+                        f"±{width * 100:.0f} %")
                 merged["note"] = "; ".join(n for n in (merged["note"], said) if n)
         return merged
 
@@ -214,15 +215,16 @@ class CapacitySearch:
             searched = [p for (_, a), p in self._pooled.items() if a == axis and p.entry is not None and p.settings
                         and not str(p.entry.get("status")).startswith("failed")]
             spread = run_dispersion([p.requests for p in searched]) if len(searched) > 1 else None
+            inflated = spread is not None and spread > 1  # at or below 1 it changes no interval
             for pooled in searched:
                 entry = pooled.entry
-                if spread is not None and spread > 1:  # at or below 1 it changes no interval
+                if inflated and self.spec.repeats == 1:
                     entry.update(self._outcome(pooled.histories[-1], pooled.settings, entry["probes"], axis,
-                                               requests=pooled.requests, repeat=0, run_dispersion=spread)
-                                 if self.spec.repeats == 1 else
-                                 self._merged(pooled, entry["probes"], axis, run_dispersion=spread))
+                                               requests=pooled.requests, repeat=0, run_dispersion=spread))
+                elif inflated:
+                    entry.update(self._merged(pooled, entry["probes"], axis, run_dispersion=spread))
                 entry["run_dispersion"] = spread
-            if spread is not None and spread > 1:
+            if inflated:
                 self.observer.message(
                     f"{_axis_name(axis)}: the probes of every configuration scatter about their fits {spread:.2g}x as "
                     f"much as independent requests would (pooled over {len(searched)} searches): each interval allows "
