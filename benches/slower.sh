@@ -24,7 +24,9 @@ trap stop EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 ${CC:-cc} -O2 -o "$bin/slower" "$here/slower.c"
-for cpu in $(seq 0 $(($(nproc) - 1))); do
+# every core this script may run on (its affinity: "0-1", "0,2-3")
+cpus=$(taskset -pc $$ | sed 's/.*: //')
+for cpu in $(for part in ${cpus//,/ }; do seq "${part%-*}" "${part#*-}"; done); do
     "$bin/slower" "$cpu" "$fraction" &
     spinners+=($!)
 done

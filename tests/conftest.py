@@ -98,6 +98,19 @@ def machine_budget(cpu_model: str, budget: dict, cpu_flags: frozenset[str] = fro
     return budget["machine"][-1]
 
 
+def chosen_machine(setting: str | None, budget: dict, cpu_model: str, cpu_flags: frozenset[str] = frozenset()) -> dict:
+    """The [[machine]] whose budget applies: the one SPECBENCH_TEST_BUDGET names (a slower kind emulated on this
+    machine by benches/slower.sh, say), else the processor's own."""
+    if not setting:
+        return machine_budget(cpu_model, budget, cpu_flags)
+    named = [machine for machine in budget["machine"] if machine["name"] == setting]
+    if not named:
+        names = ", ".join(machine["name"] for machine in budget["machine"])
+        raise pytest.UsageError(f"SPECBENCH_TEST_BUDGET={setting}: no [[machine]] of that name in tests/{BUDGET.name} "
+                                f"(names: {names}; off skips the check)")
+    return named[0]
+
+
 def machine_label(machine: dict) -> str:
     return " ".join([machine["match"], *(f"+{flag}" for flag in machine.get("flags", ()))])
 
@@ -137,8 +150,19 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def _named() -> str | None:
+    """The [[machine]] SPECBENCH_TEST_BUDGET names, if it names one ("off" skips the check, not the summary)."""
+    setting = os.environ.get("SPECBENCH_TEST_BUDGET")
+    return None if setting in (None, "", "off") else setting
+
+
 def _machine() -> dict:
-    return machine_budget(CPU, tomllib.loads(BUDGET.read_text()), CPU_FLAGS)
+    return chosen_machine(_named(), tomllib.loads(BUDGET.read_text()), CPU, CPU_FLAGS)
+
+
+def pytest_configure(config):
+    if not _is_worker(config):
+        _machine()  # a budget named that does not exist: said before any test runs
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -153,6 +177,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     total, machine = spent(seconds, engine_tests), _machine()
     write(f"real-engine tests: {len(engine_tests)}, {total['engine_tests_s']:.0f} s of {machine['engine_tests_s']} s; "
           f"all {len(seconds)} tests {total['suite_s']:.0f} s of {machine['suite_s']} s "
-          f"({CPU}: budget '{machine_label(machine)}' in tests/{BUDGET.name})")
+          f"({CPU}: budget '{machine_label(machine)}' in tests/{BUDGET.name}"
+          f"{', named by SPECBENCH_TEST_BUDGET' if _named() else ''})")
     for line in getattr(config, "_budget_exceeded", []):
         terminalreporter.write_line(f"over budget: {line}", red=True)

@@ -8,7 +8,9 @@ import time
 import tomllib
 from pathlib import Path
 
-from conftest import BUDGET, GROUPS, ledger_totals, machine_budget, over_budget, spent
+import pytest
+
+from conftest import BUDGET, GROUPS, chosen_machine, ledger_totals, machine_budget, over_budget, spent
 from installed_engines import WORKER, processes_running
 
 BUDGETS = tomllib.loads(BUDGET.read_text())
@@ -29,6 +31,36 @@ def test_one_processor_name_for_two_kinds_is_told_apart_by_its_flags():
     assert older == BUDGETS["machine"][-1]  # the slowest kind seen is the default
     assert over_budget({"engine_tests_s": 1.0, "suite_s": 1e9}, zen4)[0].endswith(
         f"({zen4['match']} +{' +'.join(zen4['flags'])}, budget.toml)")
+
+
+def test_a_budget_named_applies_instead_of_the_processors_and_an_unknown_name_is_refused():
+    """SPECBENCH_TEST_BUDGET=NAME: the suite held to another kind's budget, the one it runs as (benches/slower.sh
+    emulates the AVX2 EPYC on a Zen 4 one, whose own budget is about half)."""
+    names = [machine["name"] for machine in BUDGETS["machine"]]
+    assert len(set(names)) == len(names) and "epyc-avx2" in names
+    zen4 = frozenset({"avx512f"})
+    assert chosen_machine(None, BUDGETS, "AMD EPYC", zen4) == machine_budget("AMD EPYC", BUDGETS, zen4)
+    assert chosen_machine("epyc-avx2", BUDGETS, "AMD EPYC", zen4) == BUDGETS["machine"][-1] != machine_budget(
+        "AMD EPYC", BUDGETS, zen4)
+    with pytest.raises(pytest.UsageError, match=re.escape(
+            f"SPECBENCH_TEST_BUDGET=avx2: no [[machine]] of that name in tests/budget.toml (names: {', '.join(names)}; "
+            "off skips the check)")):
+        chosen_machine("avx2", BUDGETS, "AMD EPYC", zen4)
+
+
+def test_an_unknown_budget_name_stops_pytest_before_any_test(tmp_path):
+    (tmp_path / "conftest.py").write_text(  # the suite's own hook, loaded under another module name
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('suite_conftest', {str(Path(__file__).parent / 'conftest.py')!r})\n"
+        "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
+        "pytest_configure = suite.pytest_configure\n")
+    (tmp_path / "test_one.py").write_text("def test_one():\n    open('ran', 'w')\n")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", "test_one.py"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "SPECBENCH_TEST_BUDGET": "avx2"})
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    assert "SPECBENCH_TEST_BUDGET=avx2: no [[machine]] of that name in tests/budget.toml" in result.stderr
+    assert not (tmp_path / "ran").exists()
 
 
 def test_only_a_budget_passed_is_reported():
