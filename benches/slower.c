@@ -1,4 +1,4 @@
-/* slower CPU FRACTION: take FRACTION of processor CPU's time away from everything else, for as long as it runs.
+/* slower CPU FRACTION PARENT: take FRACTION of processor CPU's time away from everything else, for as long as it runs.
  *
  * Pinned to CPU, at real-time priority (SCHED_FIFO: it preempts every ordinary process), it spins for FRACTION of
  * every 10 ms and sleeps the rest; what runs beside it gets the other 1 - FRACTION of that core, however many
@@ -25,14 +25,13 @@ static long long now_ns(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: slower CPU FRACTION (0 < FRACTION < 0.9)\n");
+    if (argc != 4) {
+        fprintf(stderr, "usage: slower CPU FRACTION PARENT (0 < FRACTION < 0.9; PARENT: the starting script's pid)\n");
         return 2;
     }
-    pid_t parent = getppid();
     /* never outlive what started it (benches/slower.sh, even killed with -9): a real-time spinner left behind would
-     * slow the machine for good */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+     * slow the machine for good. PARENT, the script's own pid, also catches a script that died before the prctl. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != (pid_t)atol(argv[3]))
         return 1;
     int cpu = atoi(argv[1]);
     double fraction = atof(argv[2]);

@@ -27,7 +27,7 @@ ${CC:-cc} -O2 -o "$bin/slower" "$here/slower.c"
 # every core this script may run on (its affinity: "0-1", "0,2-3")
 cpus=$(taskset -pc $$ | sed 's/.*: //')
 for cpu in $(for part in ${cpus//,/ }; do seq "${part%-*}" "${part#*-}"; done); do
-    "$bin/slower" "$cpu" "$fraction" &
+    "$bin/slower" "$cpu" "$fraction" $$ &
     spinners+=($!)
 done
 sleep 0.2

@@ -5,6 +5,7 @@ nothing of it left once the command ends or the script is killed. How much slowe
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,3 +89,14 @@ def test_a_bad_factor_or_no_command_is_one_line_exit_2_and_nothing_run(tmp_path,
                             capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stderr.strip(), result.stdout) == (2, message, "")
     assert not marker.exists() and spinners(others) == []
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler")
+def test_a_spinner_whose_starter_is_already_gone_exits_at_once(tmp_path):
+    """A spinner is told its starter's pid: one whose starter died before it could ask to die with it (reparented
+    already) exits at once instead of spinning at real-time priority for good (pid 1 is never this test's)."""
+    binary = tmp_path / "slower"
+    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-o", str(binary), str(SCRIPT.with_suffix(".c"))], check=True)
+    assert subprocess.run([str(binary), "0", "0.5", "1"], timeout=10).returncode == 1
+    usage = subprocess.run([str(binary), "0", "0.5"], capture_output=True, text=True, timeout=10)
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: slower CPU FRACTION PARENT")
