@@ -194,25 +194,63 @@ def test_a_variant_specbench_cannot_convert_is_refused_for_sglang_only(target, t
 # --- the hub ------------------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def hub(monkeypatch):
+    """The hub's API on the loopback, for the real client: a model's info lists the files `hub.files` names (None:
+    503 for everything, a hub out of reach); `hub.requests` lists what it was asked."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import huggingface_hub.constants
+
+    class Hub(BaseHTTPRequestHandler):
+        files: list[str] | None = None
+        requests: list[str] = []
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            Hub.requests.append(self.path)
+            if Hub.files is None:
+                self.send_error(503)
+                return
+            body = json.dumps({"id": "someone/head", "siblings": [{"rfilename": name} for name in Hub.files]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    Hub.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    yield Hub
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.mark.parametrize("files, patterns", [
     (["config.json", "model.safetensors", "pytorch_model.bin"], ["*.json", "*.safetensors"]),
     (["config.json", "pytorch_model.bin", "training_args.bin"], ["*.json", "*.bin"]),
-    (None, ["*.json", "*.safetensors", "*.bin"]),  # not listed (offline): whichever the cache holds
+    (None, ["*.json", "*.safetensors", "*.bin"]),  # not listed (out of reach): whichever the cache holds
 ])
-def test_a_hub_head_is_fetched_as_safetensors_where_it_has_them(monkeypatch, tmp_path, files, patterns):
+def test_a_hub_head_is_fetched_as_safetensors_where_it_has_them_asking_once(monkeypatch, tmp_path, hub, files,
+                                                                             patterns):
+    """The repo listed in one request, also where the hub does not answer: list_repo_files retried it with backoff,
+    23 s on a machine without the hub before the error said so."""
     import huggingface_hub
 
-    def list_repo_files(self, ref):
-        if files is None:
-            raise OSError("offline")
-        return files
-
+    hub.files = files
     fetched = []
-    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", list_repo_files)
     monkeypatch.setattr(huggingface_hub, "snapshot_download",
                         lambda ref, allow_patterns: fetched.append(allow_patterns) or str(tmp_path))
     assert eagle3_formats.download("someone/head") == tmp_path
     assert fetched == [patterns]
+    # (a client new to its cache also asks once for something else of its own)
+    assert [path for path in hub.requests if path.startswith("/api/models/")] == ["/api/models/someone/head"]
 
 
 # --- bad input: one line naming the head, the key and the fix -------------------------------------------------

@@ -63,7 +63,8 @@ def test_a_head_llama_cpp_cannot_be_given_is_refused_before_launch(tmp_path, mon
     make, expected = CASES[case]
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SPECBENCH_LLAMA_CONVERTER", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id fails at once, as it does on any machine without the hub
+    # a hub id: the real client, asking a hub out of reach here (or one without that repo) — one request, then the
+    # error (the listing retried for 23 s; HF_HUB_OFFLINE set here did nothing, huggingface_hub reads it on import)
     binary = tmp_path / "bin" / "llama-server"  # answers --help and --version; anything else is a launch
     binary.parent.mkdir()
     binary.write_text('#!/bin/sh\ncase "$1" in --help|--version) exit 0;; esac\ntouch "$(dirname "$0")/launched"\n')

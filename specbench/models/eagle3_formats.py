@@ -152,11 +152,12 @@ def download(ref: str) -> Path:
 
 def hub_patterns(ref: str) -> list[str]:
     """The files to fetch: safetensors where the repo has them, else .bin; both where the repo cannot be listed
-    (offline: the cache holds whichever was fetched)."""
+    (offline: the cache holds whichever was fetched). One request: the repo's info lists its files, where
+    list_repo_files retries with backoff (23 s on a machine without the hub before the error)."""
     from huggingface_hub import HfApi
 
     try:
-        files = HfApi().list_repo_files(ref)
+        files = [sibling.rfilename for sibling in HfApi().model_info(ref).siblings or ()]
     except Exception:  # noqa: BLE001 - offline, no such repo, no access: snapshot_download then says which
         return ["*.json", "*.safetensors", "*.bin"]
     return ["*.json", "*.safetensors" if any(name.endswith(".safetensors") for name in files) else "*.bin"]
