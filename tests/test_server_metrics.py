@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -22,7 +25,7 @@ import pytest
 from specbench.backends.server import client, watch
 from specbench.backends.server.measure import point_measurements
 from specbench.backends.server.metrics import EngineLoad, engine_load, summarize_load, work_samples
-from specbench.backends.server.process import free_port
+from specbench.backends.server.process import ServerProcess, free_port
 from specbench.backends.server.sampler import MetricsSampler
 from test_server_client import answer, requests, standin  # noqa: F401 - standin is a fixture
 
@@ -268,6 +271,46 @@ def test_the_client_asks_again_after_each_silent_stretch_with_the_whole_silence(
         client.run(server.url, requests(1), model="m", concurrency=1, limits=client.Limits(hung=hung, stall_s=0.3))
     assert len(asked) == 3 and asked[0] >= 0.3
     assert asked[1] >= asked[0] + 0.3 and asked[2] >= asked[1] + 0.3  # the silence since the last byte, not reset
+
+
+def test_a_stopped_engine_is_looked_at_once_a_second_after_a_short_silence_not_after_the_stall(standin):
+    server = standin(lambda body: [("sleep", 30.0)] + answer())
+    looks: list[float] = []
+
+    def stopped(silent_s: float) -> str | None:
+        looks.append(silent_s)
+        return "stopped at last" if len(looks) == 2 else None
+
+    limits = client.Limits(stopped=stopped, stopped_s=0.3, hung=None, stall_s=60.0)
+    with pytest.raises(client.PointAborted, match=r"^stopped at last, with 1 requests in flight$") as aborted:
+        client.run(server.url, requests(1), model="m", concurrency=1, limits=limits)
+    assert aborted.value.engine_unusable and looks[0] >= 0.3 and looks[1] >= looks[0] + 1.0
+
+
+def test_an_engine_is_stopped_at_two_looks_only_without_cpu_time_used_between_them(tmp_path):
+    """What a launched engine's limits look at: its processes' state and CPU time in /proc. A stopped engine is hung
+    at the second look that finds it stopped; one stopped for a moment and running between the looks (a debugger
+    or strace flickers through stops) is not."""
+    spin = "import time\nwhile True:\n    end = time.monotonic() + 0.2\n    while time.monotonic() < end: pass\n"
+    server = ServerProcess([sys.executable, "-c", spin], log_path=tmp_path / "engine.log", port=free_port()).start()
+    try:
+        stopped = watch.limits(url=server.url, server=server, point_timeout=60.0).stopped
+        deadline = time.monotonic() + 10
+        while not server.engine_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (engine,) = server.engine_pids()
+        assert stopped(6.0) is None and stopped(7.0) is None  # running
+        os.kill(engine, signal.SIGSTOP)
+        time.sleep(0.1)  # the stop has taken
+        assert stopped(8.0) is None  # stopped at one look: not yet
+        os.kill(engine, signal.SIGCONT)
+        time.sleep(0.5)  # it runs between the looks
+        os.kill(engine, signal.SIGSTOP)
+        time.sleep(0.1)
+        assert stopped(9.0) is None  # stopped at two looks, but it used CPU time between them
+        assert stopped(10.0) == "no byte from the server for 10 s and its process is stopped (SIGSTOP?)"
+    finally:
+        server.stop(grace_s=2.0)
 
 
 # --- in the report ------------------------------------------------------------------------------------------------

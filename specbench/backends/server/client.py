@@ -25,6 +25,9 @@ __all__ = ["PointAborted", "Request", "RequestFailed", "Response", "Limits", "In
 # after 5 s idle; a pooled connection the server already closed fails the next request written on it.
 KEEPALIVE_S = 4.0
 STALL_S = 30.0  # no byte from the server for this long with requests in flight: ask whether the engine is hung
+# A stopped engine (SIGSTOP, a debugger) does no work whatever it was doing, so it is not given STALL_S: after this
+# long without a byte it is looked at once a second (`Limits.stopped`).
+STOPPED_S = 5.0
 
 
 class PointAborted(RuntimeError):
@@ -47,6 +50,9 @@ class Limits:
     hung: Callable[[float], Awaitable[str | None]] | None = None
     fail_share: float = 0.5  # more than this share of the requests failed: the point fails
     stall_s: float = STALL_S
+    # every second of a silence past `stopped_s`: why the engine is hung because it is stopped, or None (cheap: /proc)
+    stopped: Callable[[float], str | None] | None = None
+    stopped_s: float = STOPPED_S
 
 
 class InFlight:
@@ -56,6 +62,7 @@ class InFlight:
         self.total, self.in_flight, self.finished = total, 0, 0
         self.errors: list[str] = []
         self.last_byte = self.last_asked = time.monotonic()  # the last byte; when `Limits.hung` last said "working"
+        self.last_looked = 0.0  # when `Limits.stopped` was last asked
 
     def touch(self) -> None:
         self.last_byte = time.monotonic()
@@ -112,6 +119,11 @@ async def supervise(work: asyncio.Future, state: InFlight, limits: Limits) -> Po
                                 engine_unusable=True)
         silent_s = now - state.last_byte  # the whole silence, also across answers that it is working
         asked_s = now - max(state.last_byte, state.last_asked)
+        looked_s = now - state.last_looked
+        if state.in_flight and limits.stopped is not None and silent_s > limits.stopped_s and looked_s >= 1:
+            state.last_looked = now
+            if (reason := limits.stopped(silent_s)) is not None:
+                return PointAborted(f"{reason}, with {state.in_flight} requests in flight", engine_unusable=True)
         if state.in_flight and limits.hung is not None and asked_s > limits.stall_s:
             reason = await limits.hung(silent_s)
             if reason is not None:

@@ -6,7 +6,8 @@ is only slow. Every wait has a deadline; the error says what was waited for and 
 - A point may take `server.point_timeout_s`; by default as long as its requests could take if each used its whole
   deadline, in waves of its concurrency (at a request rate: the schedule, then one request's deadline) — a backstop.
 - Faster than either, when no byte arrived for `client.STALL_S` with requests in flight (`hang_reason`):
-  - a launched engine whose processes are stopped (SIGSTOP) is hung;
+  - a launched engine whose processes are stopped (SIGSTOP) is hung — looked at sooner, once a second from
+    `client.STOPPED_S` of silence on: stopped at two looks with no CPU time used between them;
   - one that used no CPU time for 2 s while its /health did not answer is hung (an attached one: its /health did
     not answer);
   - otherwise it may be computing (a long prefill on a CPU) or spinning on a deadlocked GPU, which uses CPU and may
@@ -207,6 +208,18 @@ def limits(*, url: str, server: ServerProcess | None, point_timeout: float) -> c
         return (f"the server exited with code {server.exit_code()} during the point; log {server.log_path}: "
                 f"{log_tail(server.log_path)}")
 
+    looked: list[tuple[bool, int]] = []  # the last look at the engine's processes: stopped, CPU ticks
+
+    def stopped(silent_s: float) -> str | None:
+        # stopped at two looks with no CPU time used between them (a traced engine flickers through a stop and runs)
+        if server is None:
+            return None
+        now = server.progress()
+        before, looked[:] = (looked[0] if looked else (False, -1)), [now]
+        if not (before[0] and now[0] and before[1] == now[1]):
+            return None
+        return hang_reason(silent_s=silent_s, stopped=True, cpu_used=None, health_answers=None)
+
     async def hung(silent_s: float) -> str | None:
         silence_began = time.monotonic() - silent_s
         cpu_used = health = None
@@ -225,4 +238,4 @@ def limits(*, url: str, server: ServerProcess | None, point_timeout: float) -> c
                            progress=await watch.over_window(silence_began))
 
     return client.Limits(deadline=time.monotonic() + point_timeout, point_timeout_s=point_timeout, exited=exited,
-                         hung=hung)
+                         hung=hung, stopped=stopped)
