@@ -1,5 +1,6 @@
 import json
 import os
+import resource
 import sys
 import tomllib
 from collections import defaultdict
@@ -70,18 +71,50 @@ def pytest_collection_modifyitems(config, items):
 
 LEDGER_ENV = "SPECBENCH_TEST_LEDGER"
 _seconds: dict[str, float] = defaultdict(float)  # test id -> setup + call + teardown
+_cpu: dict[str, float] = defaultdict(float)  # test id -> CPU seconds of its worker and of what it started and reaped
 _engine_tests: set[str] = set()
+_CPU_AT = pytest.StashKey[float]()
+# A test that waits (a sleep, a time-out, an engine or a hub that does not answer) leaves its core idle while the
+# other worker runs one thread: the tests whose wall time exceeds their CPU time by the most are listed.
+WAITING_SHOWN, WAITING_LEAST_S = 5, 5.0
 
 
 def _is_worker(config) -> bool:
     return hasattr(config, "workerinput")  # an xdist worker: its controller counts its tests
 
 
+def _cpu_s() -> float:
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT] = _cpu_s()  # before its fixtures are set up
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if call.when == "teardown" and _CPU_AT in item.stash:  # carried to xdist's controller with the report
+        report.user_properties.append(("cpu_s", _cpu_s() - item.stash[_CPU_AT]))
+    return report
+
+
 def pytest_runtest_logreport(report):
     test = _ungrouped(report.nodeid)  # one name for a test, grouped or not
     _seconds[test] += report.duration
+    _cpu[test] += sum(value for name, value in report.user_properties if name == "cpu_s")
     if report.when == "call" and ENGINE_MARKERS & set(report.keywords) and not report.skipped:
         _engine_tests.add(test)
+
+
+def waiting(seconds: dict[str, float], cpu: dict[str, float], *, shown: int = WAITING_SHOWN,
+            least_s: float = WAITING_LEAST_S) -> list[tuple[str, float]]:
+    """The tests whose wall time exceeds their CPU time by at least `least_s`, by how much, the most first."""
+    waits = sorted(((test, spent_s - cpu[test]) for test, spent_s in seconds.items() if test in cpu),
+                   key=lambda item: -item[1])
+    return [(test, wait_s) for test, wait_s in waits if wait_s >= least_s][:shown]
 
 
 def _ungrouped(nodeid: str) -> str:
@@ -121,13 +154,18 @@ def over_budget(spent: dict[str, float], machine: dict) -> list[str]:
             for key in ("engine_tests_s", "suite_s") if spent[key] > machine[key]]
 
 
-def ledger_totals(seconds: dict[str, float], engine_tests: set[str], ledger: Path | None) -> tuple[dict, set]:
-    """This invocation's tests, appended to `ledger` (JSON lines) when there is one, and everything it holds."""
+def ledger_totals(seconds: dict[str, float], engine_tests: set[str], ledger: Path | None,
+                  cpu: dict[str, float] | None = None) -> tuple[dict, set]:
+    """This invocation's tests, appended to `ledger` (JSON lines, with each test's CPU seconds where `cpu` has them)
+    when there is one, and everything it holds."""
     if ledger is None:
         return dict(seconds), set(engine_tests)
     with ledger.open("a") as out:
         for test, spent in seconds.items():
-            out.write(json.dumps({"test": test, "seconds": spent, "engine": test in engine_tests}) + "\n")
+            row = {"test": test, "seconds": spent, "engine": test in engine_tests}
+            if cpu is not None and test in cpu:
+                row["cpu_seconds"] = round(cpu[test], 3)
+            out.write(json.dumps(row) + "\n")
     rows = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
     return {row["test"]: row["seconds"] for row in rows}, {row["test"] for row in rows if row["engine"]}
 
@@ -142,7 +180,7 @@ def pytest_sessionfinish(session, exitstatus):
     if _is_worker(config) or not _seconds:
         return
     ledger = os.environ.get(LEDGER_ENV)
-    config._suite = ledger_totals(_seconds, _engine_tests, Path(ledger) if ledger else None)
+    config._suite = ledger_totals(_seconds, _engine_tests, Path(ledger) if ledger else None, _cpu)
     if os.environ.get("SPECBENCH_TEST_BUDGET") == "off":
         return
     config._budget_exceeded = over_budget(spent(*config._suite), _machine())
@@ -179,5 +217,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
           f"all {len(seconds)} tests {total['suite_s']:.0f} s of {machine['suite_s']} s "
           f"({CPU}: budget '{machine_label(machine)}' in tests/{BUDGET.name}"
           f"{', named by SPECBENCH_TEST_BUDGET' if _named() else ''})")
+    waits = waiting(_seconds, _cpu)
+    if waits:
+        terminalreporter.section("waiting most: wall time less CPU time of this run's tests (sleeps, time-outs, what "
+                                 "does not answer)")
+        for test, wait_s in waits:
+            write(f"{wait_s:8.1f} s  {test}")
     for line in getattr(config, "_budget_exceeded", []):
         terminalreporter.write_line(f"over budget: {line}", red=True)

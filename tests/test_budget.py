@@ -1,5 +1,6 @@
 """The suite's own cost guard (conftest.py, tests/budget.toml): which machine's budget applies, and what passes it."""
 
+import json
 import os
 import re
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BUDGET, GROUPS, chosen_machine, ledger_totals, machine_budget, over_budget, spent
+from conftest import BUDGET, GROUPS, chosen_machine, ledger_totals, machine_budget, over_budget, spent, waiting
 from installed_engines import WORKER, processes_running
 
 BUDGETS = tomllib.loads(BUDGET.read_text())
@@ -78,6 +79,17 @@ def test_the_ledger_adds_up_the_invocations_of_one_suite(tmp_path):
     assert seconds == {"a": 10.0, "b": 5.0, "c": 100.0} and engine_tests == {"c"}
     assert spent(seconds, engine_tests) == {"engine_tests_s": 100.0, "suite_s": 115.0}
     assert ledger_totals({"a": 1.0}, set(), None) == ({"a": 1.0}, set())  # no ledger: this invocation alone
+    ledger_totals({"d": 9.0, "e": 1.0}, set(), ledger, {"d": 2.5})
+    rows = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert rows[-2:] == [{"test": "d", "seconds": 9.0, "engine": False, "cpu_seconds": 2.5},
+                         {"test": "e", "seconds": 1.0, "engine": False}]  # CPU time where it was measured
+
+
+def test_the_tests_that_wait_most_are_those_whose_wall_time_exceeds_their_cpu_time_most():
+    seconds = {"sleeps": 40.0, "computes": 60.0, "times_out": 25.0, "briefly": 6.0, "unmeasured": 90.0}
+    cpu = {"sleeps": 2.0, "computes": 59.0, "times_out": 1.0, "briefly": 2.0}
+    assert waiting(seconds, cpu) == [("sleeps", 38.0), ("times_out", 24.0)]  # 4 s and 1 s are not shown
+    assert waiting(seconds, cpu, least_s=1.0, shown=3) == [("sleeps", 38.0), ("times_out", 24.0), ("briefly", 4.0)]
 
 
 MARKS = ["vllm", "slow", "engine", "llama_cpp", "vllm", "slow", "llama_cpp", "engine"]
@@ -91,17 +103,27 @@ def test_each_engines_tests_go_to_one_worker_in_order_and_the_two_engines_to_two
         "import importlib.util\n"
         f"spec = importlib.util.spec_from_file_location('suite_conftest', {str(Path(__file__).parent / 'conftest.py')!r})\n"
         "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
-        "pytest_collection_modifyitems = suite.pytest_collection_modifyitems\n")
-    (tmp_path / "test_group.py").write_text("import os, pytest\n" + "".join(
+        "pytest_collection_modifyitems = suite.pytest_collection_modifyitems\n"
+        "pytest_runtest_setup, pytest_runtest_makereport = suite.pytest_runtest_setup, suite.pytest_runtest_makereport\n"
+        "pytest_runtest_logreport, pytest_sessionfinish = suite.pytest_runtest_logreport, suite.pytest_sessionfinish\n")
+    (tmp_path / "test_group.py").write_text("import os, time, pytest\n" + "".join(
         f"@pytest.mark.{mark}\ndef test_{i}():\n    pass\n" for i, mark in enumerate(MARKS)) +
-        "def test_8():\n    pass\n")
+        "def test_8():\n    pass\n"
+        # and each test's CPU time, carried from its worker: one waits, one computes
+        "def test_sleeps():\n    time.sleep(0.6)\n"
+        "def test_spins():\n    end = time.process_time() + 0.6\n    while time.process_time() < end: pass\n")
     # any executable stands for the engines, so that their markers do not skip the tests here
     engines = {"SPECBENCH_LLAMA_SERVER": sys.executable, "SPECBENCH_VLLM_PYTHON": sys.executable}
+    ledger = tmp_path / "ledger.jsonl"
     result = subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", "2", "--dist", "loadgroup", "-p",
                              "no:cacheprovider", "-o", "addopts=", "-W", "ignore::pytest.PytestUnknownMarkWarning",
-                             "test_group.py"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "SPECBENCH_TEST_BUDGET": "off", **engines})
+                             "test_group.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "SPECBENCH_TEST_BUDGET": "off", "SPECBENCH_TEST_LEDGER": str(ledger),
+                                 **engines})
     assert result.returncode == 0, result.stdout[-2000:]
+    rows = {row["test"].split("::")[1]: row for row in map(json.loads, ledger.read_text().splitlines())}
+    assert rows["test_sleeps"]["seconds"] >= 0.6 and rows["test_sleeps"]["cpu_seconds"] < 0.3, rows["test_sleeps"]
+    assert rows["test_spins"]["cpu_seconds"] >= 0.6, rows["test_spins"]
     ran = re.findall(r"\[(gw\d)\].*PASSED test_group.py::test_(\d)(?:@(\w+))?", result.stdout)
     assert sorted(int(test) for _, test, _ in ran) == list(range(9)), result.stdout[-2000:]
     assert {int(test): group for _, test, group in ran} == {**dict(enumerate(GROUPS[m] for m in MARKS)), 8: ""}
