@@ -7,6 +7,8 @@ the end-to-end tests.
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 import subprocess
 import sys
 import warnings
@@ -452,6 +454,7 @@ def test_hub_failure_names_the_id_and_the_fix(monkeypatch: pytest.MonkeyPatch) -
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
 
     monkeypatch.setattr(specbench.models.load, "_load_pretrained", offline)
+    monkeypatch.setattr(specbench.models.load, "hub_answers", lambda ref: True)  # it answered, then failed
     monkeypatch.setattr("transformers.utils.hub.resolve_revision", lambda ref: None)
     with pytest.raises(ModelError) as error:
         load_model("org/name", device=CPU, dtype=torch.float32)
@@ -459,6 +462,45 @@ def test_hub_failure_names_the_id_and_the_fix(monkeypatch: pytest.MonkeyPatch) -
         "cannot load 'org/name' from the Hugging Face hub (offline?): "
         "We couldn't connect to 'https://huggingface.co' to load the files.; use a local folder or .gguf file"
     )
+
+
+HUB_CACHED = """
+import sys, torch
+from specbench.models.load import load_model, load_tokenizer
+from specbench.models.registry import ModelError
+model = load_model("someone/tiny", device=torch.device("cpu"), dtype=torch.float32)
+print(model.identity, load_tokenizer("someone/tiny")[1])
+try:
+    load_model("someone/absent", device=torch.device("cpu"), dtype=torch.float32)
+except ModelError as error:
+    print(error)
+"""
+
+
+def test_a_cached_hub_model_loads_from_the_cache_at_once_where_the_hub_does_not_answer(tmp_path: Path) -> None:
+    """A hub model in the Hugging Face cache, the hub out of reach (a closed port on the loopback): loaded from the
+    cache without asking for each file again and again (141 s for this tiny model before, transformers' backoff
+    on every optional file the cache lacked), named by its cached commit; one the cache lacks: one line at once."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    save_tiny_folder(tmp_path / "hub" / "models--someone--tiny" / "snapshots" / commit)
+    (tmp_path / "hub" / "models--someone--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someone--tiny" / "refs" / "main").write_text(commit)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: a connection is refused at once
+    try:
+        env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "0",
+               "HF_ENDPOINT": f"http://127.0.0.1:{closed.getsockname()[1]}"}
+        done = subprocess.run([sys.executable, "-c", HUB_CACHED], capture_output=True, text=True, timeout=600,
+                              env=env)
+    finally:
+        closed.close()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Retrying" not in done.stderr, done.stderr[-2000:]  # huggingface_hub's backoff: never entered
+    found, missing = done.stdout.splitlines()[-2:]
+    assert found == f"someone/tiny@{commit} someone/tiny@{commit}"
+    assert missing.startswith("cannot load 'someone/absent': the Hugging Face hub does not answer and its cache "
+                              "does not hold it (")
+    assert missing.endswith("); use a local folder or .gguf file, or download it where the hub answers")
 
 
 # --- load_tokenizer ---------------------------------------------------------------------------
@@ -499,8 +541,9 @@ def test_load_tokenizer_from_the_hub_names_the_commit(monkeypatch: pytest.Monkey
     class Revision(str):
         resolved = "abc123"
 
+    monkeypatch.setattr(specbench.models.load, "hub_answers", lambda ref: True)
     monkeypatch.setattr("transformers.utils.hub.resolve_revision", lambda ref: Revision("main"))
-    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda ref, revision: make_tokenizer(WORDS))
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda ref, revision, local_files_only: make_tokenizer(WORDS))
     tokenizer, identity = load_tokenizer("org/name")
     assert identity == "org/name@abc123"
     assert tokenizer.convert_ids_to_tokens(3) == "cat"
@@ -510,6 +553,7 @@ def test_load_tokenizer_hub_failure_names_the_id_and_the_fix(monkeypatch: pytest
     def offline(ref: str, **kwargs: object) -> None:
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
 
+    monkeypatch.setattr(specbench.models.load, "hub_answers", lambda ref: True)
     monkeypatch.setattr("transformers.utils.hub.resolve_revision", lambda ref: None)
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", offline)
     with pytest.raises(ModelError) as error:

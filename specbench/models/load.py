@@ -150,22 +150,58 @@ def _local_identity(source: ModelSource) -> str:
     return gguf_sha256(location) if source.kind == "gguf" else folder_identity(location)
 
 
-def _hub_identity(ref: str, revision: Any) -> str:
+HUB_TIMEOUT_S = 10.0  # for the one question whether the hub answers
+
+
+def _hub_identity(ref: str, revision: Any, *, online: bool = True) -> str:
     repo, pinned = split_revision(ref)
-    commit = getattr(revision, "resolved", None) or pinned
+    commit = getattr(revision, "resolved", None) or pinned or (None if online else _cached_commit(repo))
     return f"{repo}@{commit}" if commit else ref
 
 
-def _hub_revision(ref: str) -> Any:
+def _cached_commit(repo: str) -> str | None:
+    """The commit of the snapshot the Hugging Face cache holds for `repo`'s default revision."""
+    from huggingface_hub import try_to_load_from_cache
+
+    path = try_to_load_from_cache(repo, "config.json")
+    return Path(path).parent.name if isinstance(path, str) else None
+
+
+def _hub_revision(ref: str, *, online: bool = True) -> Any:
     """The revision to load: the pinned one ("org/name@REVISION"), else the hub's current commit (None offline)."""
     from transformers.utils.hub import resolve_revision
 
     repo, pinned = split_revision(ref)
-    return pinned if pinned is not None else resolve_revision(repo)  # fails open (None) when offline
+    if pinned is not None or not online:
+        return pinned
+    return resolve_revision(repo)  # fails open (None) when offline
 
 
-def _hub_error(ref: str, error: Exception) -> ModelError:
+def hub_answers(ref: str) -> bool:
+    """Whether the Hugging Face hub answers about `ref`'s repo, asked once with no retry. Where it does not (no
+    network, HF_HUB_OFFLINE), a hub model loads from the local cache alone: transformers would otherwise ask for
+    each file it may read, cached or not, with backoff (a cached tiny model took 141 s to load without the hub,
+    23 s for each optional file it did not have). An answer of any status counts: the load then says what it meant
+    (a gated or unknown repo)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    repo, revision = split_revision(ref)
+    try:
+        HfApi().model_info(repo, revision=revision, timeout=HUB_TIMEOUT_S)
+    except HfHubHTTPError:
+        return True
+    except Exception:  # noqa: BLE001 - refused, unresolved, timed out, offline mode: no hub to ask
+        return False
+    return True
+
+
+def _hub_error(ref: str, error: Exception, *, online: bool = True) -> ModelError:
     repo = split_revision(ref)[0]
+    if not online:
+        return ModelError(f"cannot load {ref!r}: the Hugging Face hub does not answer and its cache does not hold "
+                          f"it ({short_reason(error)}); use a local folder or .gguf file, or download it where the hub "
+                          "answers")
     if is_gated(error):
         return ModelError(
             f"{repo!r} is a gated model on the Hugging Face hub: accept its licence at https://huggingface.co/{repo} "
@@ -273,28 +309,31 @@ def _load_local(ref: str, source: ModelSource, *, dtype: torch.dtype, progress: 
 
 
 def _load_from_hub(ref: str, *, dtype: torch.dtype, progress: Progress) -> tuple[Any, Any, str]:
+    online = hub_answers(ref)
     if progress is not None:
-        progress(f"loading {ref} from the Hugging Face hub")
+        progress(f"loading {ref} from the Hugging Face hub" if online else
+                 f"loading {ref} from the Hugging Face cache (the hub does not answer)")
     try:
-        revision = _hub_revision(ref)
-        model, tokenizer, missing = _load_pretrained(split_revision(ref)[0], dtype=dtype, revision=revision)
+        revision = _hub_revision(ref, online=online)
+        model, tokenizer, missing = _load_pretrained(split_revision(ref)[0], dtype=dtype, revision=revision,
+                                                     local_files_only=not online)
     except (OSError, ValueError) as error:
-        raise _hub_error(ref, error) from error
+        raise _hub_error(ref, error, online=online) from error
     _check_no_missing_weights(ref, missing)
-    return model, tokenizer, _hub_identity(ref, revision)
+    return model, tokenizer, _hub_identity(ref, revision, online=online)
 
 
 def _load_pretrained(
-    location: str, *, dtype: torch.dtype, revision: str | None = None
+    location: str, *, dtype: torch.dtype, revision: str | None = None, local_files_only: bool = False
 ) -> tuple[Any, Any, list[str]]:
     """Model, tokenizer and the names of parameters the checkpoint lacked."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with no_progress_bars():
         model, info = AutoModelForCausalLM.from_pretrained(
-            location, dtype=dtype, revision=revision, output_loading_info=True
+            location, dtype=dtype, revision=revision, output_loading_info=True, local_files_only=local_files_only
         )
-        tokenizer = AutoTokenizer.from_pretrained(location, revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(location, revision=revision, local_files_only=local_files_only)
     return model, tokenizer, sorted(info["missing_keys"])
 
 
@@ -340,12 +379,14 @@ def load_tokenizer(ref: str) -> tuple[Any, str]:
 def _load_tokenizer_from_hub(ref: str) -> tuple[Any, str]:
     from transformers import AutoTokenizer
 
+    online = hub_answers(ref)
     try:
-        revision = _hub_revision(ref)
-        tokenizer = AutoTokenizer.from_pretrained(split_revision(ref)[0], revision=revision)
+        revision = _hub_revision(ref, online=online)
+        tokenizer = AutoTokenizer.from_pretrained(split_revision(ref)[0], revision=revision,
+                                                  local_files_only=not online)
     except (OSError, ValueError) as error:
-        raise _hub_error(ref, error) from error
-    return tokenizer, _hub_identity(ref, revision)
+        raise _hub_error(ref, error, online=online) from error
+    return tokenizer, _hub_identity(ref, revision, online=online)
 
 
 # --- Tokenizer compatibility ----------------------------------------------------------------------
