@@ -110,8 +110,8 @@ install: $(STAMP)
 # everything: pip installs without it and compileall then compiles the virtualenv but the packages' own tests and
 # the transformers models neither specbench nor vLLM loads, ~40 % of the bytecode, none of it imported by the suite,
 # on both cores (2-core AMD EPYC, Zen 4, pip's cache warm: `make install` 40 s instead of 68, `make engine-vllm` 75 s
-# instead of 95). A module left out still imports, compiled in memory each time. compileall's exit status is not checked: one of torch's test
-# helpers is Python 3.12 syntax, which pip's compile skips as well.
+# instead of 95). A module left out still imports, compiled in memory each time. compileall's exit status is not
+# checked: one of torch's test helpers is Python 3.12 syntax, which pip's compile skips as well.
 PIP_INSTALL = -m pip install -q --no-compile
 COMPILE_SKIP := '/tests?/|/transformers/models/(?!(auto|llama|mistral|mixtral|qwen2|qwen3|qwen3_5|gpt2|gemma|t5|whisper|encoder_decoder)/)[^/]+/'
 # $(call byte_compile,PYTHON): what its virtualenv installed, compiled as above
@@ -179,7 +179,8 @@ engine-vllm: .engines/vllm
 
 # Relinked (and installed where its folder has no vLLM) when the link points elsewhere, at the other kind's build. The link
 # is to the folder: its bin/python finds the virtualenv only beside pyvenv.cfg. vLLM's benchmark client (make
-# bench-server) reads its prompt file with pandas, an optional dependency of vLLM.
+# bench-server) reads its prompt file with pandas, an optional dependency of vLLM (installed with it; added to a
+# virtualenv made before).
 .engines/vllm:
 	@mkdir -p .engines $(ENGINES_DIR)
 	@if [ "$$(readlink $@)" != "$(VLLM_DIR)" ] || [ ! -x $(VLLM_DIR)/bin/python ]; then \
@@ -188,9 +189,8 @@ engine-vllm: .engines/vllm
 			echo "install: $(VLLM_SPEC) into $(VLLM_DIR) ($(VLLM_SIZE))"; \
 			rm -rf $(VLLM_DIR); $(PYTHON) -m venv $(VLLM_DIR); \
 			$(call torch_index,$(VLLM_DIR)/bin/python); \
-			$(VLLM_DIR)/bin/python $(PIP_INSTALL) $(PIP_INDEX) torch==2.13.0 $(VLLM_SPEC); \
+			$(VLLM_DIR)/bin/python $(PIP_INSTALL) $(PIP_INDEX) torch==2.13.0 $(VLLM_SPEC) pandas; \
 			$(if $(filter cpu,$(GPU)),$(VLLM_DIR)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec;) \
-			$(VLLM_DIR)/bin/python -c "import pandas" 2>/dev/null || $(VLLM_DIR)/bin/python $(PIP_INSTALL) pandas; \
 			$(call byte_compile,$(VLLM_DIR)/bin/python); \
 		fi; \
 		$(VLLM_DIR)/bin/python -c "import pandas" 2>/dev/null || $(VLLM_DIR)/bin/python -m pip install -q pandas; \

@@ -156,8 +156,10 @@ def hub_patterns(ref: str) -> list[str]:
     list_repo_files retries with backoff (23 s on a machine without the hub before the error)."""
     from huggingface_hub import HfApi
 
+    from specbench.models.load import HUB_TIMEOUT_S
+
     try:
-        files = [sibling.rfilename for sibling in HfApi().model_info(ref).siblings or ()]
+        files = [sibling.rfilename for sibling in HfApi().model_info(ref, timeout=HUB_TIMEOUT_S).siblings or ()]
     except Exception:  # noqa: BLE001 - offline, no such repo, no access: snapshot_download then says which
         return ["*.json", "*.safetensors", "*.bin"]
     return ["*.json", "*.safetensors" if any(name.endswith(".safetensors") for name in files) else "*.bin"]

@@ -208,15 +208,15 @@ def limits(*, url: str, server: ServerProcess | None, point_timeout: float) -> c
         return (f"the server exited with code {server.exit_code()} during the point; log {server.log_path}: "
                 f"{log_tail(server.log_path)}")
 
-    looked: list[tuple[bool, int]] = []  # the last look at the engine's processes: stopped, CPU ticks
+    looked = (False, -1)  # the last look at the engine's processes: stopped, CPU ticks
 
     def stopped(silent_s: float) -> str | None:
         # stopped at two looks with no CPU time used between them (a traced engine flickers through a stop and runs)
+        nonlocal looked
         if server is None:
             return None
-        now = server.progress()
-        before, looked[:] = (looked[0] if looked else (False, -1)), [now]
-        if not (before[0] and now[0] and before[1] == now[1]):
+        before, looked = looked, server.progress()
+        if not (before[0] and looked[0] and before[1] == looked[1]):
             return None
         return hang_reason(silent_s=silent_s, stopped=True, cpu_used=None, health_answers=None)
 
