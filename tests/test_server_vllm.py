@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -115,13 +116,20 @@ def sweep(tmp_path_factory):
     folder = tmp_path_factory.mktemp("vllm")
     (folder / "vllm.toml").write_text(PROFILE)
     renumbered(hf_folder("builtin:smollm2-135m-instruct"), folder / "renumbered")
-    before = vllm_pids()
+    before, temporary = vllm_pids(), engine_litter()
     result = subprocess.run([sys.executable, "-m", "specbench.cli", "run", "vllm.toml", "--out", "out"], cwd=folder,
                             capture_output=True, text=True, timeout=2400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = folder / "out"
     return (pd.read_parquet(out / "points.parquet").set_index("point_id"), json.loads((out / "manifest.json").read_text()),
-            out, before, result.stdout)
+            out, before, result.stdout, engine_litter() - temporary)
+
+
+def engine_litter() -> set[Path]:
+    """What vLLM leaves in the temporary folder when it is not given one of its own (its ZeroMQ sockets, named by
+    UUIDs), and specbench's scratch folders; only vLLM tests make either, and they run on one worker."""
+    return {path for path in Path(tempfile.gettempdir()).iterdir() if path.name.startswith("specbench-engine-")
+            or (path.is_socket() and len(path.name) == 36 and path.name.count("-") == 4)}
 
 
 @needs_vllm
@@ -174,7 +182,7 @@ def test_greedy_outputs_at_concurrency_1_equal_the_baseline_and_every_point_ran(
 
 @needs_vllm
 def test_one_launch_per_configuration_with_its_speculative_config_and_no_vllm_left(sweep):
-    points, manifest, out, before, stdout = sweep
+    points, manifest, out, before, stdout, litter = sweep
     launches = manifest["server"]["launches"]
     configs = [json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else None
                for argv in (launch["argv"] for launch in launches)]
@@ -188,6 +196,7 @@ def test_one_launch_per_configuration_with_its_speculative_config_and_no_vllm_le
     assert all((out / launch["log"]).is_file() for launch in launches)
     assert manifest["server"]["engine_version"] == "0.32.0"
     assert vllm_pids() <= before  # the API server and its engine core are gone
+    assert not litter, f"left in {tempfile.gettempdir()}: {sorted(map(str, litter))}"  # nor their sockets
     assert "concurrency 4" in stdout
 
 

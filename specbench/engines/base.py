@@ -95,6 +95,9 @@ class ServingEngine(Protocol):
     distributions: tuple[str, ...]  # the packages it may be installed as, for its version
     prefix_cache_reset: str | None  # the path a POST to empties its prefix cache; None where it has none
     launch_env: dict[str, str]  # environment every launch gets (the profile's server.env over it)
+    # variables naming where it keeps temporary files (IPC sockets): each launch points them at a folder of its own,
+    # removed when the engine ends, unless the profile's server.env or the environment sets them
+    scratch_env: tuple[str, ...]
 
     def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:
         """argv that serves `target` without speculation (binary: an explicit executable or interpreter)."""

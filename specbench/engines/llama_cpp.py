@@ -24,6 +24,7 @@ class LlamaCpp:
     metrics_prefix = "llamacpp:"
     prefix_cache_reset = None  # a slot's cached prompt is erased per slot id only (/slots/{id}?action=erase)
     launch_env: dict[str, str] = {}
+    scratch_env: tuple[str, ...] = ()
 
     def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:
         return [binary or "llama-server", "-m", target, "--host", host, "--port", str(port), "--metrics",

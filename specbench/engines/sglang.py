@@ -19,6 +19,7 @@ class Sglang:
     metrics_prefix = "sglang:"
     prefix_cache_reset = "/flush_cache"  # its native API (docs: basic_usage/native_api); not installed here
     launch_env: dict[str, str] = {}
+    scratch_env: tuple[str, ...] = ()
 
     def command(self, *, target: str, host: str, port: int, binary: str | None) -> list[str]:
         return [binary or sys.executable, "-m", "sglang.launch_server", "--model-path", target, "--host", host,

@@ -29,6 +29,9 @@ class Vllm:
     # which its own benchmark sweep launches with for the same reset (vllm/benchmarks/sweep/server.py)
     prefix_cache_reset = "/reset_prefix_cache"
     launch_env = {"VLLM_SERVER_DEV_MODE": "1"}
+    # its ZeroMQ sockets between the API server and the engine core (ipc://TMP/UUID): left in /tmp where it does not
+    # close them itself (45 after the suite's 58 launches)
+    scratch_env = ("VLLM_RPC_BASE_PATH",)
     # its synthetic rejection sampler (0.32 and later): the draft runs, its tokens are kept per imposed per-position
     # unconditional rates (speculative_config rejection_sample_method = "synthetic", synthetic_acceptance_rates)
     imposes_acceptance = True

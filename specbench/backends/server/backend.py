@@ -229,7 +229,8 @@ class ServerSession:
         self.launches.append({"point": spec.point_id, "argv": argv,
                               "log": str(log_path.relative_to(log_dir)) if self.log_dir else str(log_path.resolve())})
         self.observer.message(f"launching {self.settings.engine}: {_slug(spec)} (log {log_path})")
-        self.server = ServerProcess(argv, log_path=log_path, env=env, port=port).start()
+        self.server = ServerProcess(argv, log_path=log_path, env=env, port=port,
+                                    scratch_env=self.engine.scratch_env).start()
         self._launched = key
         try:
             self.server.wait_ready(timeout_s=self._ready_timeout_s(spec), health_path="/health")

@@ -3,7 +3,9 @@
 answer; stopped — the whole group terminated, then killed — on any exit of specbench: normal, an
 exception, Ctrl-C or SIGTERM; and killed with its group by its lifeline (`lifeline.py`) when specbench is
 killed outright (kill -9). Each launch is recorded in the run's folder while it runs, so a run of the same folder
-finds and ends an engine an earlier run left behind (`end_leftovers`). No server is ever left behind."""
+finds and ends an engine an earlier run left behind (`end_leftovers`). No server is ever left behind, nor the files it
+keeps in a temporary folder: where the engine names that folder by an environment variable (vLLM's IPC sockets,
+`VLLM_RPC_BASE_PATH`), each launch gets a scratch folder of its own, removed when the engine ends."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ import asyncio
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,11 +52,15 @@ def log_tail(path: Path, lines: int = 5) -> str:
 
 
 class ServerProcess:
-    def __init__(self, argv: Sequence[str], *, log_path: Path, env: dict[str, str] | None = None, port: int):
+    def __init__(self, argv: Sequence[str], *, log_path: Path, env: dict[str, str] | None = None, port: int,
+                 scratch_env: Sequence[str] = ()):
         self.argv = list(argv)
         self.log_path = log_path
-        self.env = env
+        self.env = dict(env or {})
         self.port = port
+        # the variables that point the engine's temporary files at a folder; unless already set, at this launch's own
+        self.scratch_env = [name for name in scratch_env if name not in self.env and name not in os.environ]
+        self.scratch: Path | None = None
         self.url = f"http://{HOST}:{port}"
         self.process: subprocess.Popen | None = None  # the lifeline, leader of the engine's process group
         self._lifeline: int | None = None  # the pipe end whose closing (specbench gone) ends the group
@@ -62,18 +70,22 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         _install_handlers()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.scratch_env:  # short, in the temporary folder: a Unix socket's path holds at most 107 bytes
+            self.scratch = Path(tempfile.mkdtemp(prefix="specbench-engine-"))
+            self.env.update({name: str(self.scratch) for name in self.scratch_env}, SPECBENCH_SCRATCH=str(self.scratch))
         watched, self._lifeline = os.pipe()  # both ends close-on-exec: only the lifeline inherits its end
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(self.argv)}\n".encode())
             log.flush()
             self.process = subprocess.Popen([sys.executable, "-I", "-S", str(LIFELINE), str(watched), *self.argv],
                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env={**os.environ, **(self.env or {})}, start_new_session=True,
+                                            env={**os.environ, **self.env}, start_new_session=True,
                                             pass_fds=(watched,))
         os.close(watched)
         _RUNNING.add(self)
         record = {"owner_pid": os.getpid(), "owner_start": start_time(os.getpid()), "pgid": self.process.pid,
-                  "started": start_time(self.process.pid), "argv": self.argv, "log": str(self.log_path)}
+                  "started": start_time(self.process.pid), "argv": self.argv, "log": str(self.log_path),
+                  "scratch": str(self.scratch) if self.scratch else None}
         self.record_path.write_text(json.dumps(record))
         return self
 
@@ -184,6 +196,8 @@ class ServerProcess:
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
         self.record_path.unlink(missing_ok=True)
 
     def __enter__(self) -> "ServerProcess":
@@ -240,6 +254,8 @@ def end_leftovers(folder: Path) -> list[dict]:
                 pass
             ended.append({"argv": record.get("argv"), "pid": pgid, "log": record.get("log"),
                           "launched_by_pid": owner})
+        if isinstance(record.get("scratch"), str) and Path(record["scratch"]).name.startswith("specbench-engine-"):
+            shutil.rmtree(record["scratch"], ignore_errors=True)
         path.unlink(missing_ok=True)
     return ended
 
