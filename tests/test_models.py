@@ -455,7 +455,7 @@ def test_hub_failure_names_the_id_and_the_fix(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(specbench.models.load, "_load_pretrained", offline)
     monkeypatch.setattr(specbench.models.load, "hub_answers", lambda ref: True)  # it answered, then failed
-    monkeypatch.setattr("transformers.utils.hub.resolve_revision", lambda ref: None)
+    monkeypatch.setattr("transformers.utils.hub.resolve_revision", lambda ref, **options: None)
     with pytest.raises(ModelError) as error:
         load_model("org/name", device=CPU, dtype=torch.float32)
     assert str(error.value) == (
@@ -542,7 +542,7 @@ def test_load_tokenizer_from_the_hub_names_the_commit(monkeypatch: pytest.Monkey
         resolved = "abc123"
 
     monkeypatch.setattr(specbench.models.load, "hub_answers", lambda ref: True)
-    monkeypatch.setattr("transformers.utils.hub.resolve_revision", lambda ref: Revision("main"))
+    monkeypatch.setattr("transformers.utils.hub.resolve_revision", lambda ref, **options: Revision("main"))
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda ref, revision, local_files_only: make_tokenizer(WORDS))
     tokenizer, identity = load_tokenizer("org/name")
     assert identity == "org/name@abc123"
@@ -554,7 +554,7 @@ def test_load_tokenizer_hub_failure_names_the_id_and_the_fix(monkeypatch: pytest
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
 
     monkeypatch.setattr(specbench.models.load, "hub_answers", lambda ref: True)
-    monkeypatch.setattr("transformers.utils.hub.resolve_revision", lambda ref: None)
+    monkeypatch.setattr("transformers.utils.hub.resolve_revision", lambda ref, **options: None)
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", offline)
     with pytest.raises(ModelError) as error:
         load_tokenizer("org/name")

@@ -153,28 +153,19 @@ def _local_identity(source: ModelSource) -> str:
 HUB_TIMEOUT_S = 10.0  # for the one question whether the hub answers
 
 
-def _hub_identity(ref: str, revision: Any, *, online: bool = True) -> str:
+def _hub_identity(ref: str, revision: Any) -> str:
     repo, pinned = split_revision(ref)
-    commit = getattr(revision, "resolved", None) or pinned or (None if online else _cached_commit(repo))
+    commit = getattr(revision, "resolved", None) or pinned
     return f"{repo}@{commit}" if commit else ref
 
 
-def _cached_commit(repo: str) -> str | None:
-    """The commit of the snapshot the Hugging Face cache holds for `repo`'s default revision."""
-    from huggingface_hub import try_to_load_from_cache
-
-    path = try_to_load_from_cache(repo, "config.json")
-    return Path(path).parent.name if isinstance(path, str) else None
-
-
 def _hub_revision(ref: str, *, online: bool = True) -> Any:
-    """The revision to load: the pinned one ("org/name@REVISION"), else the hub's current commit (None offline)."""
+    """The revision to load: the pinned one ("org/name@REVISION"), else the current commit: the hub's, or where the
+    hub does not answer the one the Hugging Face cache holds (None where neither tells)."""
     from transformers.utils.hub import resolve_revision
 
     repo, pinned = split_revision(ref)
-    if pinned is not None or not online:
-        return pinned
-    return resolve_revision(repo)  # fails open (None) when offline
+    return pinned if pinned is not None else resolve_revision(repo, local_files_only=not online)  # fails open
 
 
 def hub_answers(ref: str) -> bool:
@@ -320,7 +311,7 @@ def _load_from_hub(ref: str, *, dtype: torch.dtype, progress: Progress) -> tuple
     except (OSError, ValueError) as error:
         raise _hub_error(ref, error, online=online) from error
     _check_no_missing_weights(ref, missing)
-    return model, tokenizer, _hub_identity(ref, revision, online=online)
+    return model, tokenizer, _hub_identity(ref, revision)
 
 
 def _load_pretrained(
@@ -386,7 +377,7 @@ def _load_tokenizer_from_hub(ref: str) -> tuple[Any, str]:
                                                   local_files_only=not online)
     except (OSError, ValueError) as error:
         raise _hub_error(ref, error, online=online) from error
-    return tokenizer, _hub_identity(ref, revision, online=online)
+    return tokenizer, _hub_identity(ref, revision)
 
 
 # --- Tokenizer compatibility ----------------------------------------------------------------------
