@@ -100,6 +100,9 @@ class StandInSession:
     def gpu_uuids(self):
         return ()
 
+    def gpu_claimed(self):
+        return frozenset()
+
     def point_context(self, spec):
         return {"backend": "server", "target_model": "stand-in", "weight_mb": None}
 

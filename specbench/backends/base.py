@@ -54,6 +54,11 @@ class Session(Protocol):
         """The GPUs the current point runs on (NVML UUIDs), where other processes disturb its timing; () for none."""
         ...
 
+    def gpu_claimed(self) -> frozenset[int]:
+        """NVML's numbers for the processes the run put on those GPUs (core/gpus.py Claim: in a container not the
+        run's own pids); frozenset() where nothing was claimed."""
+        ...
+
     def point_measurements(self) -> dict[str, Any]:
         """Point-level figures of the last `run_point` that no request row holds (a serving engine's
         acceptance counters and peak memory); {} for none."""

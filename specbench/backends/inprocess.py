@@ -51,6 +51,8 @@ class LoadedModels:
     eos_token_ids: tuple[int, ...]  # () with workload.ignore_eos: every request runs to its budget
     # drafts whose tokenizer is not the target's: how each proposes ("intersection" or "text") and the shared tokens
     vocabularies: dict[str, tuple[str, VocabularyMap]] = field(default_factory=dict)
+    # on a GPU: this process as NVML numbers it, found by what appeared on the GPU while the models loaded
+    gpu_claim: gpus.Claim | None = None
 
     @property
     def prompts(self) -> list[Prompt]:
@@ -73,6 +75,8 @@ def load_models(profile: Profile, *, observer: Observer) -> LoadedModels:
     device = devices.resolve_device(profile.device)
     dtype = devices.resolve_dtype(profile.dtype, device)
     heads = _head_references(profile, observer=observer)
+    uuid = devices.gpu_uuid(device)  # the device's properties: no CUDA context yet, so the reading below is without us
+    before = gpus.read([uuid]) if uuid else None
     if device.type == "cuda":
         check_fits_gpu(profile, device, dtype)
     observer.message(f"loading target {profile.target.model}")
@@ -84,7 +88,9 @@ def load_models(profile: Profile, *, observer: Observer) -> LoadedModels:
                           workload=workload)
     vocabularies = _vocabularies(profile, target, drafts, device=device, observer=observer)
     eos = () if workload.ignore_eos else _eos_ids(target)
-    return LoadedModels(profile, device, dtype, target, drafts, workload, eos, vocabularies)
+    after = gpus.read([uuid]) if before is not None else None
+    claim = gpus.claim(before, after, own={os.getpid()}) if after is not None else None
+    return LoadedModels(profile, device, dtype, target, drafts, workload, eos, vocabularies, gpu_claim=claim)
 
 
 def _vocabularies(profile: Profile, target: LoadedModel, drafts: dict[str, LoadedModel | Exception], *, device,
@@ -310,6 +316,9 @@ class InProcessSession:
     def gpu_uuids(self) -> tuple[str, ...]:
         return (self._gpu_uuid,) if self._gpu_uuid else ()
 
+    def gpu_claimed(self) -> frozenset[int]:
+        return self.models.gpu_claim.pids if self.models.gpu_claim is not None else frozenset()
+
     @contextlib.contextmanager
     def _gpu_window(self):
         """On a GPU, around the measured requests: NVML's view of this process (everything it holds: weights,
@@ -321,7 +330,7 @@ class InProcessSession:
             return
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        with gpus.watched(self.gpu_uuids(), self.own_pids) as monitor:
+        with gpus.watched(self.gpu_uuids(), self.own_pids, claim=self.models.gpu_claim) as monitor:
             yield
             torch.cuda.synchronize(device)
         self._measured = {**gpus.window_columns(monitor),

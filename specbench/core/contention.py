@@ -2,14 +2,15 @@
 half the speedup it would on a quiet one. Measured per point: the share of the machine's CPU time that
 other processes took (Linux /proc/stat, minus this run's own processes), and the other processes holding
 a context on the GPUs the point runs on (NVML: only those GPUs, so a sibling worker on another GPU does not count,
-and never the run's own process tree: an engine's workers are its own). `results` adds the spread of per-request TPOT
+and never the run's own process tree nor the processes its launch claimed: an engine's workers are its own, also in a
+container where NVML numbers them in the host's pid namespace, core/gpus.py `Claim`). `results` adds the spread of per-request TPOT
 within the point and of each prompt's time across repeats, and flags a point that exceeds any limit."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -88,12 +89,14 @@ def others_on_gpus(samples: Sequence[gpu_facts.Sample], own: set[int]) -> int:
 class ConditionsProbe:
     """Around a point: `with ConditionsProbe(own_pids, gpus=...) as probe: ...; probe.conditions`. `gpus` gives the
     UUIDs of the GPUs the point ran on, asked at its end (a server's are known once it is launched); none: not
-    measured."""
+    measured. `claimed` gives NVML's numbers for the launched engine's processes (its launch's claim)."""
 
     def __init__(self, own_pids: Callable[[], list[int]] = lambda: [os.getpid()], *,
-                 gpus: Callable[[], Sequence[str]] = tuple, nvml: gpu_facts.Nvml | None = None):
+                 gpus: Callable[[], Sequence[str]] = tuple, claimed: Callable[[], Collection[int]] = frozenset,
+                 nvml: gpu_facts.Nvml | None = None):
         self.own_pids = own_pids
         self.gpus = gpus
+        self.claimed = claimed
         self.nvml = nvml
         self.conditions = Conditions(None, None)
 
@@ -111,7 +114,7 @@ class ConditionsProbe:
         uuids = tuple(self.gpus())
         nvml = self.nvml or (gpu_facts.open_nvml() if uuids else None)
         if uuids and nvml is not None:
-            gpu_others = others_on_gpus(nvml.sample(uuids), process_tree(self.own_pids()))
+            gpu_others = others_on_gpus(nvml.sample(uuids), process_tree(self.own_pids()) | set(self.claimed()))
         self.conditions = Conditions(share, gpu_others)
 
 

@@ -4,7 +4,13 @@ the manifest), and over a measured window what the run's own processes hold on t
 they used and whether anyone else was on them. Torch-free: the server backend measures an engine from outside it.
 
 NVML's answers come through one small reader (`Nvml`); everything that decides from them takes plain facts (`Gpu`,
-`Sample`), so the logic is tested with facts supplied where no GPU is. GPU indices are NVML's (PCI bus order, as
+`Sample`), so the logic is tested with facts supplied where no GPU is.
+
+Which of a GPU's processes are the engine's: NVML numbers them in the host's pid namespace, so in a container (docker,
+Kubernetes) on many drivers they are not the numbers the run sees. A launch is therefore judged by what changed on its
+GPUs (`Claim`): read before the launch and once the engine answers, the engine's processes are its own pids where NVML
+lists them, else the processes that appeared with the launch; where NVML lists none, its memory is the GPUs' used
+memory less what they held before the launch. How it was found is recorded per point and per launch. GPU indices are NVML's (PCI bus order, as
 nvidia-smi numbers them); specbench launches engines and workers with CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA
 numbers them the same way."""
 
@@ -50,21 +56,53 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """A launched engine's processes on its GPUs, as NVML numbers them, and what the GPUs held before it launched."""
+
+    match: str | None  # "pid": NVML lists the engine's own pids; "launch": the processes that appeared with the
+    #                    launch (NVML's pids are another namespace's, as in a container); None: NVML lists none
+    pids: frozenset[int]  # NVML's numbers for the engine's processes ("launch"; "pid": those seen at readiness)
+    used_before_mb: dict[str, float | None] = field(default_factory=dict)  # uuid -> used memory before the launch
+
+    def engine_pids(self, own: set[int]) -> set[int]:
+        """NVML's numbers for the engine's processes, given the run's own process tree now."""
+        return set(self.pids) if self.match == "launch" else own | self.pids
+
+    def as_manifest(self) -> dict[str, Any]:
+        return {"match": self.match, "pids": sorted(self.pids), "used_before_mb": dict(self.used_before_mb)}
+
+
+def claim(before: Sequence[Sample], after: Sequence[Sample], *, own: set[int]) -> Claim:
+    """How to find a launch's processes, from its GPUs read before the launch and once it answers: its own pids where
+    NVML lists any of them; else the processes listed now that were not before."""
+    listed_before = {pid for sample in before for pid in sample.process_memory_mb}
+    listed_after = {pid for sample in after for pid in sample.process_memory_mb}
+    used_before = {sample.uuid: sample.memory_used_mb for sample in before}
+    if listed_after & own:
+        return Claim("pid", frozenset(listed_after & own), used_before)
+    appeared = listed_after - listed_before
+    return Claim("launch" if appeared else None, frozenset(appeared), used_before)
+
+
+@dataclass(frozen=True)
 class GpuWindow:
     """What a measured window shows on its GPUs."""
 
     gpus: int  # how many were watched
     peak_memory_mb: float | None  # the run's own processes together, at the sample where they held most
-    memory_source: str | None  # "processes" (NVML per process) or "device" (the GPUs' used memory: NVML hid pids)
+    memory_source: str | None  # "processes" (NVML per process), "device" (the GPUs' used memory, everyone's) or
+    #                            "device-since-launch" (the GPUs' used memory less what they held before the launch)
     utilization_pct: float | None  # mean over samples and GPUs
     energy_j: float | None  # all watched GPUs, first sample to last
     duration_s: float
     samples: int
     other_processes: int  # the most processes not the run's own seen on these GPUs at once
+    process_match: str | None = None  # how the engine's processes were told apart (Claim.match); None: no claim
 
     def as_columns(self) -> dict[str, Any]:
         return {"gpu_count": self.gpus, "gpu_peak_memory_mb": self.peak_memory_mb,
-                "gpu_memory_source": self.memory_source, "gpu_utilization_pct": self.utilization_pct,
+                "gpu_memory_source": self.memory_source, "gpu_process_match": self.process_match,
+                "gpu_utilization_pct": self.utilization_pct,
                 "gpu_energy_j": self.energy_j, "gpu_window_s": self.duration_s, "gpu_samples": self.samples}
 
 
@@ -112,30 +150,40 @@ class GpuError(OneLineError, ValueError):
 
 # --- what a window shows -----------------------------------------------------------------------------------------
 
-def summarize(readings: Sequence[tuple[float, Sequence[Sample]]], *, own_pids: set[int]) -> GpuWindow:
-    """A window from its readings, each (monotonic time, one Sample per watched GPU)."""
+def summarize(readings: Sequence[tuple[float, Sequence[Sample]]], *, own_pids: set[int],
+              claim: Claim | None = None) -> GpuWindow:
+    """A window from its readings, each (monotonic time, one Sample per watched GPU). The engine's memory is its
+    processes' where NVML lists them with their memory, else the GPUs' used memory (less what they held before the
+    launch, given a claim); never the sum over no process."""
     if not readings:
         return GpuWindow(0, None, None, None, None, 0.0, 0, 0)
     watched = len(readings[0][1])
-    per_process = all(memory is not None for _, samples in readings for s in samples
-                      for pid, memory in s.process_memory_mb.items() if pid in own_pids)
+    engine = claim.engine_pids(own_pids) if claim is not None else own_pids
+    listed = [memory for _, samples in readings for s in samples
+              for pid, memory in s.process_memory_mb.items() if pid in engine]
+    per_process = bool(listed) and all(memory is not None for memory in listed)
+    before = claim.used_before_mb if claim is not None else {}
+    since_launch = bool(before) and all(value is not None for value in before.values())
     held = []
     for _, samples in readings:
         if per_process:
             held.append(sum(memory or 0.0 for s in samples for pid, memory in s.process_memory_mb.items()
-                            if pid in own_pids))
+                            if pid in engine))
         elif all(s.memory_used_mb is not None for s in samples):
-            held.append(sum(s.memory_used_mb for s in samples))
+            held.append(sum(max(0.0, s.memory_used_mb - (before.get(s.uuid) or 0.0) if since_launch else
+                                s.memory_used_mb) for s in samples))
+    source = "processes" if per_process else ("device-since-launch" if since_launch else "device")
     busy = [s.utilization_pct for _, samples in readings for s in samples if s.utilization_pct is not None]
     first, last = readings[0][1], readings[-1][1]
     energy = None
     if all(s.energy_mj is not None for s in (*first, *last)):
         energy = sum(b.energy_mj - a.energy_mj for a, b in zip(first, last)) / 1e3
-    others = max(len({pid for s in samples for pid in s.process_memory_mb} - own_pids) for _, samples in readings)
-    return GpuWindow(gpus=watched, peak_memory_mb=max(held) if held else None,
-                     memory_source=("processes" if per_process else "device") if held else None,
+    others = max(len({pid for s in samples for pid in s.process_memory_mb} - engine - own_pids)
+                 for _, samples in readings)
+    return GpuWindow(gpus=watched, peak_memory_mb=max(held) if held else None, memory_source=source if held else None,
                      utilization_pct=sum(busy) / len(busy) if busy else None, energy_j=energy,
-                     duration_s=readings[-1][0] - readings[0][0], samples=len(readings), other_processes=others)
+                     duration_s=readings[-1][0] - readings[0][0], samples=len(readings), other_processes=others,
+                     process_match=claim.match if claim is not None else None)
 
 
 class GpuMonitor:
@@ -143,8 +191,9 @@ class GpuMonitor:
     GPUs at the start, every `interval_s` from a thread, and at the end (the energy counter is read at both ends)."""
 
     def __init__(self, nvml: "Nvml", uuids: Sequence[str], own_pids: Callable[[], Sequence[int]], *,
-                 interval_s: float = 0.25):
+                 claim: Claim | None = None, interval_s: float = 0.25):
         self.nvml, self.uuids, self.own_pids, self.interval_s = nvml, tuple(uuids), own_pids, interval_s
+        self.claim = claim
         self.readings: list[tuple[float, list[Sample]]] = []
         self._own: set[int] = set()
         self._stop = threading.Event()
@@ -170,18 +219,25 @@ class GpuMonitor:
         if self._thread is not None:
             self._thread.join()
         self._read()
-        self.window = summarize(self.readings, own_pids=self._own)
+        self.window = summarize(self.readings, own_pids=self._own, claim=self.claim)
 
 
 @contextlib.contextmanager
-def watched(uuids: Sequence[str], own_pids: Callable[[], Sequence[int]], *, nvml: "Nvml | None" = None):
+def watched(uuids: Sequence[str], own_pids: Callable[[], Sequence[int]], *, claim: Claim | None = None,
+            nvml: "Nvml | None" = None):
     """A GpuMonitor around the block where there are GPUs to watch and NVML answers; else None (nothing measured)."""
     nvml = nvml if nvml is not None else (open_nvml() if uuids else None)
     if not uuids or nvml is None:
         yield None
         return
-    with GpuMonitor(nvml, uuids, own_pids) as monitor:
+    with GpuMonitor(nvml, uuids, own_pids, claim=claim) as monitor:
         yield monitor
+
+
+def read(uuids: Sequence[str], nvml: "Nvml | None" = None) -> list[Sample] | None:
+    """One reading of the GPUs `uuids` (a claim's before or after); None where there are none or NVML does not answer."""
+    nvml = nvml if nvml is not None else (open_nvml() if uuids else None)
+    return nvml.sample(uuids) if uuids and nvml is not None else None
 
 
 def window_columns(monitor: GpuMonitor | None) -> dict[str, Any]:

@@ -329,6 +329,13 @@ _POINT_COLUMNS = [
     # the target's own vocabulary), how many tokens both vocabularies share, and the target's mean probability mass on
     # them over the point's decode steps (what an intersection draft can ever propose)
     "vocabulary", "shared_tokens", "shared_vocabulary_mass",
+    # added with containers: how the engine's processes were told apart on its GPUs ("pid": NVML lists the run's own
+    # pids; "launch": the processes that appeared with the launch, NVML's pids being another namespace's, as in a pod)
+    "gpu_process_match",
+    # added with SGLang's n-gram tree: the candidates per draft step a launch was given (SGLang's n-gram breadth,
+    # --speculative-ngram-max-bfs-breadth, or its --speculative-eagle-topk; 1: a chain); empty where the engine has no
+    # such setting (vLLM, llama.cpp, the in-process backends: chains) or it is not known (attached)
+    "tree_breadth",
 ]
 POINT_COLUMNS = tuple(_POINT_COLUMNS)
 _POINT_DTYPES = {
@@ -352,6 +359,7 @@ _POINT_DTYPES = {
     "queue_time_ms_mean": "float64", "prefix_cache_reset": "boolean",
     "capacity_draw": "Int64", "imposed_acceptance": "string", "drafted_per_step": "float64",
     "vocabulary": "string", "shared_tokens": "Int64", "shared_vocabulary_mass": "float64",
+    "gpu_process_match": "string", "tree_breadth": "Int64",
     **{name: "float64" for name in _POINT_COLUMNS if name.endswith(
         ("_s", "speedup", "_low", "_high", "_rate", "_length", "_p50", "_p90", "_p99", "_mb", "_per_token", "_per_step"))},
 }

@@ -79,9 +79,12 @@ def with_overrides(
     usd_per_hour: float | None = None,
     traffic_rps: float | None = None,
     compile: bool | None = None,
+    server_gpus: tuple[int, ...] | None = None,
 ) -> Profile:
-    """The profile with CLI flags applied, validated like the file itself."""
+    """The profile with CLI flags applied (and `server_gpus`, a worker's own GPUs), validated like the file itself."""
     data = _as_data(profile)
+    if server_gpus is not None:
+        data["server"]["gpus"] = list(server_gpus)
     if compile is not None:
         data.setdefault("run", {})["compile"] = compile
     for key, value in (("usd_per_hour", usd_per_hour), ("traffic_rps", traffic_rps)):

@@ -4,7 +4,8 @@ Each worker is a spawned process (CUDA does not survive a fork) that runs `targe
 CUDA_VISIBLE_DEVICES to GPUs of its own: where the profile's backend runs models in this process and the profile is
 not on the cpu, one visible GPU each (more workers than GPUs are refused; `device = "cuda:N"` shares GPU N on
 purpose); on the server backend, a disjoint group of `server.tensor_parallel` GPUs each, which its engines run on
-(backends/server/placement.py). On the cpu, in-process workers split the cores between them (torch.set_num_threads).
+(backends/server/placement.py), with its profile narrowed to them (`server.gpus` = its group, whatever the profile
+listed: the others' GPUs are not visible to it). Every worker's GPUs are settled before any starts: too few is one line. On the cpu, in-process workers split the cores between them (torch.set_num_threads).
 A worker that fails sends its error's one line back; the launcher raises WorkerError naming the worker.
 """
 
@@ -16,7 +17,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from multiprocessing.queues import SimpleQueue
 from typing import Protocol, TypeVar
 
@@ -49,28 +50,26 @@ def run_workers(target: Callable[[PlanT, int], None], plan: PlanT, *, workers: i
     """Run `target(plan, index)` for each index in 0..workers-1, each in its own process, and wait for all.
     `target` must be a module-level function (the spawned process imports it). Raises WorkerError when a
     worker failed."""
+    slots = worker_slots(plan.profile, workers=workers)
     local = get_backend(plan.profile.backend).pins_local_devices
-    gpus = worker_gpus(plan.profile.device, workers=workers) if local else server_gpus(plan.profile, workers=workers)
-    threads = max(1, (os.cpu_count() or 1) // workers) if local and not gpus else 0
+    threads = max(1, (os.cpu_count() or 1) // workers) if local and slots[0].visible is None else 0
     context = multiprocessing.get_context("spawn")
     errors = context.SimpleQueue()  # (index, the error's one line) from each worker that raised
     processes = []
     saved = {name: os.environ.get(name) for name in ("CUDA_VISIBLE_DEVICES", *gpu_facts.PCI_ORDER)}
     try:
-        for index in range(workers):
-            worker_plan = plan
-            if gpus:
-                os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]  # inherited by the process started now
-                if local:
-                    worker_plan = replace(plan, profile=with_overrides(plan.profile, device="cuda"))
-                else:  # NVML's indices, as the engines' launches take them
+        for index, slot in enumerate(slots):
+            if slot.visible is not None:  # inherited by the process started now
+                os.environ["CUDA_VISIBLE_DEVICES"] = slot.visible
+                if not local:  # NVML's indices, as the engines' launches take them
                     os.environ.update(gpu_facts.PCI_ORDER)
+            worker_plan = replace(plan, profile=slot.profile) if slot.profile is not plan.profile else plan
             process = context.Process(target=_worker_main, args=(target, worker_plan, index, threads, errors),
                                       name=f"specbench-worker-{index}")
             process.start()
             processes.append(process)
             observer.message(f"worker {index} started (pid {process.pid})"
-                             + (f" on GPU {os.environ['CUDA_VISIBLE_DEVICES']}" if gpus else ""))
+                             + (f" on GPU {slot.visible}" if slot.visible is not None else ""))
     finally:
         for name, value in saved.items():
             if value is None:
@@ -90,6 +89,31 @@ def run_workers(target: Callable[[PlanT, int], None], plan: PlanT, *, workers: i
         also = f" (worker{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} failed too)" if others else ""
         reason = reasons.get(first) or _exit_reason(processes[first].exitcode)
         raise WorkerError(f"worker {first} of {workers} failed: {reason}{also}")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What one worker runs with: its CUDA_VISIBLE_DEVICES (None: the launcher's, inherited) and its profile."""
+
+    visible: str | None
+    profile: Profile
+
+
+def worker_slots(profile: Profile, *, workers: int) -> list[Slot]:
+    """Each worker's GPUs and profile, settled before any worker starts (WorkerError or GpuError, one line, where the
+    GPUs do not go round): in-process, one visible GPU each (device "cuda" inside); on the server backend, a disjoint
+    group of server.tensor_parallel GPUs each, and server.gpus narrowed to it, so that its launches find it visible."""
+    if get_backend(profile.backend).pins_local_devices:
+        gpus = worker_gpus(profile.device, workers=workers)
+        if not gpus:
+            return [Slot(None, profile)] * workers
+        on_gpu = with_overrides(profile, device="cuda")
+        return [Slot(gpus[index % len(gpus)], on_gpu) for index in range(workers)]
+    groups = server_groups(profile, workers=workers)
+    if not groups:
+        return [Slot(None, profile)] * workers
+    return [Slot(gpu_facts.device_list(group),
+                 with_overrides(profile, server_gpus=tuple(gpu.index for gpu in group))) for group in groups]
 
 
 def _worker_main(target: Callable[[PlanT, int], None], plan: PlanT, index: int, threads: int,
@@ -133,13 +157,14 @@ def worker_gpus(device: str, *, workers: int = 1, visible: list[str] | None = No
     return visible[:workers]
 
 
-def server_gpus(profile: Profile, *, workers: int) -> list[str]:
-    """CUDA_VISIBLE_DEVICES per worker of the server backend: a disjoint group of server.tensor_parallel GPUs each;
-    none on a CPU machine or for an attached server."""
+def server_groups(profile: Profile, *, workers: int) -> list[tuple[gpu_facts.Gpu, ...]]:
+    """A disjoint group of server.tensor_parallel GPUs per worker of the server backend, from server.gpus (or every
+    visible GPU); none on a CPU machine or for an attached server."""
     if profile.server is None or profile.server.url is not None:
         return []
+    where = f"{profile.source}: " if profile.source else ""
     machine = gpu_facts.machine_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
-    return [gpu_facts.device_list(group) for group in placement.worker_groups(profile.server, machine, workers=workers)]
+    return placement.worker_groups(profile.server, machine, workers=workers, where=where)
 
 
 def _visible_gpus() -> list[str]:

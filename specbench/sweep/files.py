@@ -38,10 +38,10 @@ CONTEXT_COLUMNS = ("backend", "target_model", "weight_mb", "point_key", "other_c
                    "engine_accepted_per_position", "server_peak_rss_mb", "kv_cache", "kv_cache_reason",
                    "kv_cache_usage_peak", "kv_cache_usage_mean", "requests_running_peak", "requests_waiting_peak",
                    "preemptions", "metrics_samples", "gpu_count", "gpu_peak_memory_mb", "gpu_memory_source",
-                   "gpu_utilization_pct", "gpu_energy_j", "gpu_window_s", "gpu_samples", "gpu_peak_reserved_mb",
+                   "gpu_process_match", "gpu_utilization_pct", "gpu_energy_j", "gpu_window_s", "gpu_samples", "gpu_peak_reserved_mb",
                    "engine_generated_tokens", "other_traffic_tokens", "engine_accept_length_gauge",
                    "lead_in_requests", "tail_requests", "window_s", "requests_waiting_growth", "queue_time_ms_mean",
-                   "prefix_cache_reset", "vocabulary", "shared_tokens",
+                   "prefix_cache_reset", "vocabulary", "shared_tokens", "tree_breadth",
                    "series_t_ms", "series_requests_running", "series_requests_waiting", "series_kv_cache_usage",
                    "series_preemptions")
 

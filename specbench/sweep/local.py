@@ -16,7 +16,7 @@ from typing import Any
 from specbench.core import results
 from specbench.core.manifest import MANIFEST_FILE, read_manifest
 from specbench.profile import Profile
-from specbench.scaleout.workers import run_workers
+from specbench.scaleout.workers import run_workers, worker_slots
 from specbench.sweep.capacity import by_launch
 from specbench.sweep.context import open_run
 from specbench.sweep.files import RunFiles
@@ -37,6 +37,7 @@ def run_local(profile: Profile, *, out_dir: Path, workers: int, fresh: bool = Fa
               observer: SweepObserver | None = None) -> RunResult:
     """Run (or resume) `profile` into `out_dir` with `workers` local processes."""
     observer = observer or SilentObserver()
+    worker_slots(profile, workers=workers)  # GPUs that do not go round are one line before anything is removed
     if fresh:
         for name in (results.REQUESTS_FILE, results.POINTS_FILE, MANIFEST_FILE):
             (out_dir / name).unlink(missing_ok=True)

@@ -131,7 +131,7 @@ def evaluate_point(spec: PointSpec, ctx: RunContext, *, observer: SweepObserver 
     propagates."""
     observer = observer or SilentObserver()
     rows, error = [], None
-    with ConditionsProbe(ctx.session.own_pids, gpus=ctx.session.gpu_uuids) as probe:
+    with ConditionsProbe(ctx.session.own_pids, gpus=ctx.session.gpu_uuids, claimed=ctx.session.gpu_claimed) as probe:
         try:
             rows = ctx.session.run_point(spec, point_key=ctx.point_key(spec),
                                          on_request=lambda: observer.request_done(spec), after_prompt=after_prompt)

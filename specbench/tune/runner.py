@@ -27,7 +27,7 @@ from specbench.sweep.loop import SilentObserver
 from specbench.core import progress
 from specbench.core.host import host_name
 from specbench.scaleout.storage import open_storage, open_study, quiet_optuna
-from specbench.scaleout.workers import run_workers
+from specbench.scaleout.workers import run_workers, worker_slots
 from specbench.tune import outputs
 from specbench.tune.capacity import capacity_search, run_capacity_trial, search_baseline
 from specbench.tune.evaluate import Evaluator, Live, Pruned, Replay
@@ -51,6 +51,8 @@ def tune(profile: Profile | None, *, out_dir: Path, settings: TuneSettings, repl
     found in the storage. Bad input raises TuneError before anything is written."""
     observer = observer or SilentObserver()
     plan = make_plan(profile, out_dir=out_dir, settings=settings, replay=replay)
+    if settings.workers > 1:
+        worker_slots(plan.profile, workers=settings.workers)  # GPUs that do not go round: one line, nothing cleared
     if settings.fresh:
         clear(plan)
     out_dir.mkdir(parents=True, exist_ok=True)

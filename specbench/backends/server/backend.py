@@ -96,6 +96,7 @@ class ServerSession:
         self.prompt_tokens = self.workload.prompt_tokens
         self.log_dir: Path | None = None  # set by the run: server logs go to its output folder
         self.server: ServerProcess | None = None
+        self.claim: gpus.Claim | None = None  # the running launch's processes on its GPUs, as NVML numbers them
         self._launched: tuple | None = None
         self._failed_launches: dict[tuple, str] = {}  # launch key -> where its failure is logged
         self.launches: list[dict[str, Any]] = []  # argv and log file of every launch, for the manifest
@@ -158,7 +159,9 @@ class ServerSession:
         shared = self.vocabularies.get(spec.draft, (None, None))[1] if spec.method == "draft" else None
         return {"backend": "server", "target_model": self.profile.target.model, "weight_mb": None,
                 **({"vocabulary": vocabulary} if vocabulary is not None else {}),
-                **({"shared_tokens": shared} if shared is not None else {})}
+                **({"shared_tokens": shared} if shared is not None else {}),
+                **({"tree_breadth": self.engine.tree_breadth(spec.method)}
+                   if not self.attached and hasattr(self.engine, "tree_breadth") else {})}
 
     def gpu_uuids(self) -> tuple[str, ...]:
         """The GPUs of the running launch (an attached server's are unknown: not checked)."""
@@ -166,6 +169,9 @@ class ServerSession:
 
     def own_pids(self) -> list[int]:
         return [os.getpid(), *(self.server.descendants() if self.server is not None and self.server.alive() else [])]
+
+    def gpu_claimed(self) -> frozenset[int]:
+        return self.claim.pids if self.server is not None and self.claim is not None else frozenset()
 
     def request_timeout_s(self, budget: int) -> float:
         return watch.request_timeout_s(self.settings.request_timeout_s, budget)
@@ -227,17 +233,25 @@ class ServerSession:
         log_path = log_dir / "server-logs" / f"{len(self.launches) + 1:02d}-{_slug(spec)}.log"
         # the log as a path inside the result folder (it moves with the folder)
         self.launches.append({"point": spec.point_id, "argv": argv,
-                              "log": str(log_path.relative_to(log_dir)) if self.log_dir else str(log_path.resolve())})
+                              "log": str(log_path.relative_to(log_dir)) if self.log_dir else str(log_path.resolve()),
+                              **({"gpus": [gpu.index for gpu in self.gpus]} if self.gpus else {})})
         self.observer.message(f"launching {self.settings.engine}: {_slug(spec)} (log {log_path})")
+        uuids = [gpu.uuid for gpu in self.gpus]
+        before = gpus.read(uuids)  # what the GPUs hold without it: the claim below tells its processes by what appears
         self.server = ServerProcess(argv, log_path=log_path, env=env, port=port,
                                     scratch_env=self.engine.scratch_env).start()
         self._launched = key
         try:
-            self.server.wait_ready(timeout_s=self._ready_timeout_s(spec), health_path="/health")
+            self.server.wait_ready(timeout_s=self._ready_timeout_s(spec),
+                                   health_path=getattr(self.engine, "ready_path", "/health"))
         except ServerFailed as error:
             self._failed_launches[key] = f"log {log_path}"
             self._stop()
             raise error from None
+        after = gpus.read(uuids) if before is not None else None
+        self.claim = gpus.claim(before, after, own=set(self.own_pids())) if after is not None else None
+        if self.claim is not None:
+            self.launches[-1]["gpu_claim"] = self.claim.as_manifest()
         return self.server.url
 
     def _ready_timeout_s(self, spec: PointSpec) -> float:
@@ -269,6 +283,8 @@ class ServerSession:
             argv = engine.command(target=target, host=HOST, port=port, binary=self.binary)
         argv += engine.speculation_args(speculation, help_text=self.help_text, version=self.python_version)
         argv += (engine.gpu_args(len(self.gpus)) if self.gpus else []) + list(self.settings.extra_args)
+        if hasattr(engine, "shared_args"):  # what the baseline shares with the drafts (SGLang: its running-request cap)
+            argv += engine.shared_args(argv, speculates=bool(self.profile.drafts))
         env = {**engine.launch_env, **dict(self.settings.env), **placement.launch_env(self.gpus)}
         if engine.loads_gguf and self.binary and os.sep in self.binary:  # llama.cpp's shared libraries lie beside it
             folder = str(Path(self.binary).resolve().parent)
@@ -292,11 +308,11 @@ class ServerSession:
     def _stop(self, *, grace_s: float = 10.0) -> None:
         """Stop the engine, then wait until its processes are gone and its GPU memory is back (a relaunch needs it)."""
         if self.server is not None:
-            pids = self.server.descendants()
+            pids, claim = self.server.descendants(), self.claim
             self.server.stop(grace_s=grace_s)
-            self.server = None
+            self.server, self.claim = None, None
             self._launched = None
-            placement.wait_released(pids, self.gpus, alive=placement.pid_alive,
+            placement.wait_released(pids, self.gpus, claim=claim, alive=placement.pid_alive,
                                     nvml=gpus.open_nvml() if self.gpus else None)
 
     def describe(self) -> dict[str, Any]:

@@ -126,7 +126,8 @@ def measure_point(session: "ServerSession", spec: PointSpec, *, url: str, point_
     if load.steady:  # a steady point starts with nothing cached from the points before it (its lead-in warms it)
         steady["prefix_cache_reset"] = reset_prefix_cache(session, url)
     with MetricsSampler(url, prefix=prefix, api_key=session.api_key) as sampler, \
-            gpus.watched(session.gpu_uuids(), session.server.engine_pids if session.server else list) as gpu:
+            gpus.watched(session.gpu_uuids(), session.server.engine_pids if session.server else list,
+                         claim=session.claim) as gpu:
         if load.steady:
             steady |= steady_point(session, spec, url=url, call=call, record=record)
         elif spec.open_loop:

@@ -4,7 +4,8 @@ A launch takes `server.tensor_parallel` GPUs from `server.gpus` (default: every 
 CUDA_VISIBLE_DEVICES (and CUDA_DEVICE_ORDER=PCI_BUS_ID, so indices mean what nvidia-smi shows); `--workers N` hands
 worker i the i-th disjoint group (scaleout/workers.py), so each worker's engine sees only its own. What cannot be
 placed is refused in one line before anything launches. After an engine is stopped, the next launch waits, with a
-deadline, until every process of the old engine is gone and none of them holds memory on the group's GPUs."""
+deadline, until every process of the old engine is gone and none of them holds memory on the group's GPUs (told apart
+as its launch's claim found them: in a container NVML's pids are the host's, core/gpus.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from specbench.core import gpus
 from specbench.profile.server import ServerSpec
 
 RELEASE_TIMEOUT_S = 120.0  # a stopped engine's GPU memory is back within this, or the next launch fails
+RELEASE_SLACK_MB = 1024.0  # judged by used memory alone (NVML lists no process): back within this of before the launch
 GIB = 2**30
 
 
@@ -96,19 +98,26 @@ def ready_timeout_s(configured: float | None, weights: Sequence[int | None]) -> 
 
 
 def wait_released(pids: Sequence[int], group: Sequence[gpus.Gpu], *, alive: Callable[[int], bool],
-                  nvml: gpus.Nvml | None, timeout_s: float = RELEASE_TIMEOUT_S, poll_s: float = 0.5) -> None:
-    """Wait until none of a stopped engine's `pids` runs and none holds memory on `group`'s GPUs; GpuError naming
+                  nvml: gpus.Nvml | None, claim: gpus.Claim | None = None, timeout_s: float = RELEASE_TIMEOUT_S,
+                  poll_s: float = 0.5) -> None:
+    """Wait until none of a stopped engine's `pids` runs and none of its processes holds memory on `group`'s GPUs:
+    its processes as its launch's `claim` tells them (in a container, NVML's numbers are not `pids`), or where NVML
+    listed none of them, until each GPU uses no more than before the launch (RELEASE_SLACK_MB over). GpuError naming
     what is still held after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     old = set(pids)
+    listed = claim.engine_pids(old) if claim is not None else old
+    by_memory = claim is not None and claim.match is None
     while True:
         running = sorted(pid for pid in old if alive(pid))
         holding: dict[str, float] = {}
-        if nvml is not None and group:
-            for sample in nvml.sample([gpu.uuid for gpu in group]):
-                held = sum(mb or 0.0 for pid, mb in sample.process_memory_mb.items() if pid in old)
-                if any(pid in old for pid in sample.process_memory_mb):
-                    holding[sample.uuid] = held
+        for sample in (nvml.sample([gpu.uuid for gpu in group]) if nvml is not None and group else []):
+            if by_memory:
+                grown = (sample.memory_used_mb or 0.0) - (claim.used_before_mb.get(sample.uuid) or 0.0)
+                if sample.memory_used_mb is not None and grown > RELEASE_SLACK_MB:
+                    holding[sample.uuid] = grown
+            elif any(pid in listed for pid in sample.process_memory_mb):
+                holding[sample.uuid] = sum(mb or 0.0 for pid, mb in sample.process_memory_mb.items() if pid in listed)
         if not running and not holding:
             return
         if time.monotonic() >= deadline:
@@ -117,8 +126,9 @@ def wait_released(pids: Sequence[int], group: Sequence[gpus.Gpu], *, alive: Call
                 what.append(f"process(es) {', '.join(map(str, running[:5]))} still run")
             if holding:
                 indices = {gpu.uuid: gpu.index for gpu in group}
-                what.append("it still holds " + ", ".join(f"{mb:.0f} MiB on GPU {indices.get(uuid, uuid)}"
-                                                          for uuid, mb in holding.items()))
+                what.append(("its GPUs still use more than before it launched: " if by_memory else "it still holds ")
+                            + ", ".join(f"{mb:.0f} MiB on GPU {indices.get(uuid, uuid)}"
+                                        for uuid, mb in holding.items()))
             raise gpus.GpuError(f"the previous engine was stopped {timeout_s:g} s ago, but {' and '.join(what)}: "
                                 "the next launch would not get its memory (kill it, then run again)")
         time.sleep(poll_s)
