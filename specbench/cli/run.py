@@ -15,7 +15,8 @@ from specbench.ui.console import console
 from specbench.core.errors import OneLineError
 from specbench.core.results import default_out_dir
 from specbench.profile import DEFAULT_PROFILE, ProfileError, load_profile, with_overrides
-from specbench.ui.run import SweepProgress, print_capacity, print_run_summary
+from specbench.ui.lines import ProgressStyle
+from specbench.ui.run import print_capacity, print_run_summary, sweep_observer
 
 
 def run(
@@ -34,6 +35,7 @@ def run(
     compiled: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Native backend: static KV caches and compiled steps (CUDA graphs on a GPU); overrides run.compile (default: on a GPU, off on a CPU).")] = None,
     shard: Annotated[Optional[str], typer.Option(help="Run one part of the sweep: I/N (from 1), or auto/N to take the index from JOB_COMPLETION_INDEX (Kubernetes Indexed Job) or SLURM_ARRAY_TASK_ID (Slurm array). Each engine configuration runs on one shard, every shard measures its own baselines, into its own folder (default results/<name>-shard<I>of<N>); `specbench merge` joins them.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")] = False,
+    progress_style: Annotated[ProgressStyle, typer.Option("--progress", help="auto: bars in a terminal, plain timestamped lines elsewhere (a pipe, a file, a job log, TERM=dumb): one per point started and finished, and a heartbeat while a point runs; bars; lines.")] = ProgressStyle.auto,
 ) -> None:
     """Sweep drafts x gamma x temperature against the baseline; record every request into parquet."""
     from specbench.sweep import run_profile  # the sweep and its backends load only when a run starts
@@ -58,7 +60,7 @@ def run(
     out_dir = out or default_out_dir(loaded.name, suffix=suffix)
     out_console = console(stderr=json_output)
     try:
-        with SweepProgress(out_console) as progress:
+        with sweep_observer(out_console, progress_style) as progress:
             result = run_profile(loaded, out=out_dir, fresh=fresh, workers=workers, observer=progress, shard=part)
     except OneLineError as error:
         fail(str(error))

@@ -16,7 +16,7 @@ from specbench.core.errors import OneLineError
 from specbench.core.results import default_out_dir
 from specbench.profile import DEFAULT_PROFILE, load_profile, with_overrides
 from specbench.tune.objectives import OBJECTIVES, Constraints, parse_objective
-from specbench.ui.tune import TuneProgress, print_tune_summary
+from specbench.ui.tune import print_tune_summary, tune_observer
 
 
 def tune(
@@ -61,7 +61,8 @@ def tune(
         name = loaded.name if loaded is not None else replay.name
         out_dir = out or default_out_dir(name, suffix="-tune")
         out_console = console(stderr=json_output)
-        result = run_tune(loaded, out_dir=out_dir, settings=settings, replay=replay, observer=TuneProgress(out_console))
+        with tune_observer(out_console) as observer:
+            result = run_tune(loaded, out_dir=out_dir, settings=settings, replay=replay, observer=observer)
     except OneLineError as error:
         fail(str(error))
     print_tune_summary(out_console, result.trials, result.recommendation, str(out_dir))

@@ -3,5 +3,6 @@ rich).
 
 Modules: ``console`` (a console sized for logs, error lines), ``run`` (`specbench run`: progress, the run summary,
 capacity; the model and dataset lists), ``tune`` (`specbench tune`: progress, the recommendation), ``heads``
-(`specbench heads train`: progress, the head's report).
+(`specbench heads train`: progress, the head's report), ``lines`` (progress as plain lines where the console is not
+a terminal: job logs, pipes).
 """

@@ -1,4 +1,5 @@
-"""Terminal output of `specbench run`: sweep progress, the run summary and capacity, the builtin models and datasets."""
+"""Terminal output of `specbench run`: sweep progress (bars; plain lines in a log), the run summary and capacity,
+the builtin models and datasets."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from specbench.models.registry import BuiltinInfo
 from specbench.core import results
 from specbench.core.results import PointSpec
 from specbench.core.summary import mismatch_warning
+from specbench.ui.lines import ProgressStyle, SweepLines, wants_lines
 
 
 class SweepProgress:
@@ -62,6 +64,11 @@ class SweepProgress:
         self.progress.advance(self._overall)
         if row.get("status") == "failed":
             self.progress.console.print(f"[red]failed[/red] {spec.point_id}: {escape(str(row.get('error')))}")
+
+
+def sweep_observer(console: Console, style: ProgressStyle = ProgressStyle.auto) -> SweepProgress | SweepLines:
+    """Progress bars in a terminal; plain lines in a log (specbench.ui.lines), or as `style` asks."""
+    return SweepLines(console) if wants_lines(console, style) else SweepProgress(console)
 
 
 def fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:

@@ -1,4 +1,5 @@
-"""Terminal output of `specbench tune`: progress lines, the recommendation panel, the trials table."""
+"""Terminal output of `specbench tune`: progress lines (timestamped, with a heartbeat, in a log), the recommendation
+panel, the trials table."""
 
 from __future__ import annotations
 
@@ -13,7 +14,22 @@ from rich.table import Table
 from specbench.tune.document import Recommendation
 from specbench.capacity.document import CapacityEntry
 from specbench.capacity.sentence import capacity_sentence
+from specbench.ui.lines import PlainLines, duration, wants_lines
 from specbench.ui.run import fmt
+
+
+TRIAL_STATES = {"COMPLETE": "done", "PRUNED": "pruned"}  # any other state: failed
+STATE_STYLES = {"done": "green", "pruned": "yellow", "failed": "red"}
+
+
+def trial_line(study: str, row: dict[str, Any], *, styled: bool = False) -> str:
+    """A finished trial: its state, and its objective or why it failed; `styled`: rich markup, the state coloured."""
+    state = TRIAL_STATES.get(row["state"], "failed")
+    detail = str(row["error"]) if row.get("error") else f"objective {fmt(row.get('value'), '.4g')}"
+    if styled:
+        state, detail = f"[{STATE_STYLES[state]}]{state}[/{STATE_STYLES[state]}]", escape(detail)
+    reused = " (recorded)" if row.get("evaluated") is False else ""
+    return f"{study} #{row['number']} {row['point_id']}: {state} {detail}{reused}"
 
 
 class TuneProgress:
@@ -22,14 +38,40 @@ class TuneProgress:
     def __init__(self, console: Console):
         self.console = console
 
+    def __enter__(self) -> "TuneProgress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
     def message(self, text: str) -> None:
         self.console.print(f"[dim]{escape(text)}[/dim]")
 
     def trial_finished(self, study: str, row: dict[str, Any]) -> None:
-        state = {"COMPLETE": "[green]done[/green]", "PRUNED": "[yellow]pruned[/yellow]"}.get(row["state"], "[red]failed[/red]")
-        detail = escape(str(row["error"])) if row.get("error") else f"objective {fmt(row.get('value'), '.4g')}"
-        reused = " (recorded)" if row.get("evaluated") is False else ""
-        self.console.print(f"{study} #{row['number']} {row['point_id']}: {state} {detail}{reused}", highlight=False)
+        self.console.print(trial_line(study, row, styled=True), highlight=False)
+
+
+class TuneLines(PlainLines):
+    """`specbench tune` in a log: a timestamped line per message and finished trial, and a heartbeat while the tune
+    has been quiet (a trial, a baseline or the verification running)."""
+
+    def __init__(self, console: Console, **options: Any):
+        super().__init__(console, **options)
+        self._started = self.clock()
+        self._trials = 0
+
+    def trial_finished(self, study: str, row: dict[str, Any]) -> None:
+        with self.lock:
+            self._trials += 1
+            self.say(trial_line(study, row))
+
+    def beat_text(self) -> str:
+        return f"tune: running, {self._trials} trials finished, elapsed {duration(self.clock() - self._started)}"
+
+
+def tune_observer(console: Console) -> TuneProgress | TuneLines:
+    """Coloured lines in a terminal; timestamped plain lines and a heartbeat in a log."""
+    return TuneLines(console) if wants_lines(console) else TuneProgress(console)
 
 
 def recommendation_panel(recommendation: Recommendation) -> Panel:
