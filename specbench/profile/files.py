@@ -43,11 +43,13 @@ def _toml_problem(message: str) -> str:
 
 
 def _as_data(profile: Profile) -> dict:
-    """The profile as TOML-shaped data: no None values, no keys its method ignores."""
+    """The profile as TOML-shaped data: no None values, no keys its method ignores, no n-gram lengths it left to their
+    defaults (an engine without them refuses them once given)."""
     data = profile.model_dump(mode="json", exclude_none=True)
-    for draft in data["drafts"]:
-        if draft["method"] != "ngram":
-            del draft["ngram_min"], draft["ngram_max"]
+    for draft, spec in zip(data["drafts"], profile.drafts):
+        for key in ("ngram_min", "ngram_max"):
+            if draft["method"] != "ngram" or key not in spec.model_fields_set:
+                del draft[key]
     if data["sweep"]["concurrency"] == [1]:
         del data["sweep"]["concurrency"]  # the default: profiles written before the axis existed stay as they were
     for key, default in (("request_rate", []),):

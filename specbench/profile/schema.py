@@ -116,6 +116,10 @@ class Profile(Table):
         for index, draft in enumerate(self.drafts):
             if draft.method not in engine.methods or draft.url is not None:
                 continue  # named by the server backend, with the methods the engine has; an attached one runs already
+            no_window = getattr(engine, "no_ngram_window", None)  # SGLang's n-gram takes no ngram_min / ngram_max
+            for key in ("ngram_min", "ngram_max") if no_window and draft.method == "ngram" else ():
+                if key in draft.model_fields_set:
+                    raise rule(no_window, at=("drafts", index, key))
             if draft.gamma_schedule is not None:
                 try:
                     engine.speculation_args(Speculation(draft.method, max(g for _, _, g in draft.gamma_schedule),

@@ -294,11 +294,11 @@ def _tuned_draft(data: dict[str, Any], space: SearchSpace, name: str, ngram_max:
     """The profile's draft `name` with the chosen n-gram length, named as the search named it (`<name>-n<length>`
     where the length was tuned), so that its points keep their ids."""
     draft = dict(next(d for d in data["drafts"] if d["name"] == name))
-    if draft["method"] == "ngram" and ngram_max is not None and ngram_max == ngram_max:
+    choice = space.draft(name)  # a length not tuned stays as the profile wrote it (SGLang refuses one written)
+    if draft["method"] == "ngram" and ngram_max is not None and ngram_max == ngram_max \
+            and choice.ngram_max_low != choice.ngram_max_high:
         draft["ngram_max"] = int(ngram_max)
-        choice = space.draft(name)
-        if choice.ngram_max_low != choice.ngram_max_high:
-            draft["name"] = f"{name}-n{draft['ngram_max']}"
+        draft["name"] = f"{name}-n{draft['ngram_max']}"
     return draft
 
 

@@ -153,6 +153,8 @@ def space_from_profile(profile: Profile, *, tune_ngram: bool = True) -> SearchSp
     where = str(profile.source) if profile.source else "profile"
     if not profile.drafts:
         raise TuneError(f"{where}: drafts: empty search space (add at least one [[drafts]] table)")
+    engine = _engine(profile)
+    tune_ngram = tune_ngram and not getattr(ENGINES.get(engine), "no_ngram_window", None)  # SGLang has no n-gram length
     drafts = tuple(
         DraftChoice(
             name=d.name, method=d.method, model=d.model, quantize=d.quantize,
@@ -163,7 +165,7 @@ def space_from_profile(profile: Profile, *, tune_ngram: bool = True) -> SearchSp
         for d in profile.drafts
     )
     gammas = profile.all_gammas() or profile.sweep.gamma
-    space = SearchSpace(drafts, min(gammas), max(gammas), engine=_engine(profile))
+    space = SearchSpace(drafts, min(gammas), max(gammas), engine=engine)
     for index, draft in enumerate(drafts):
         configs = [c for c in space.grid() if c.draft == draft.name]
         if not any(space.refusal(c) is None for c in configs):
