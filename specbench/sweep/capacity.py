@@ -30,7 +30,7 @@ from specbench.sweep.files import RunFiles
 from specbench.sweep.probe import probe_seconds, sending, serial_misses, span_s
 
 if TYPE_CHECKING:
-    from specbench.sweep.loop import PointRun, SweepObserver
+    from specbench.sweep.point import PointRun, SweepObserver
 
 
 def by_launch(planned: list[PointSpec], launch_key: Callable[[PointSpec], Hashable]) -> list[list[PointSpec]]:

@@ -26,7 +26,7 @@ from specbench.core.results import PointSpec
 from specbench.sweep.context import RunContext
 
 if TYPE_CHECKING:
-    from specbench.sweep.loop import PointRun
+    from specbench.sweep.point import PointRun
 from specbench.workloads.prompts import workload_fingerprint
 from specbench.core.errors import OneLineError
 

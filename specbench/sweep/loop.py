@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pandas as pd
 
@@ -21,26 +21,8 @@ from specbench.sweep.capacity import CapacitySearch, by_launch
 from specbench.sweep.context import RunContext, open_run
 from specbench.sweep.files import RunFiles
 from specbench.sweep.plan import plan_points
+from specbench.sweep.point import PointRun, SilentObserver, SweepObserver
 from specbench.sweep.shard import Shard, shard_points
-
-
-class SweepObserver(Protocol):
-    def sweep_started(self, points: list[PointSpec], to_run: list[PointSpec]) -> None: ...
-    def point_started(self, spec: PointSpec, n_requests: int) -> None: ...
-    def request_done(self, spec: PointSpec) -> None: ...
-    def point_finished(self, spec: PointSpec, row: dict[str, Any]) -> None: ...
-    def message(self, text: str) -> None: ...
-
-
-class SilentObserver:
-    """An observer that shows nothing (library calls, worker processes)."""
-
-    def sweep_started(self, points, to_run): pass
-    def point_started(self, spec, n_requests): pass
-    def request_done(self, spec): pass
-    def point_finished(self, spec, row): pass
-    def message(self, text): pass
-    def trial_finished(self, study, row): pass
 
 
 @dataclass
@@ -114,13 +96,6 @@ def n_requests(ctx: RunContext, spec: PointSpec | None = None) -> int:
     """Requests a point sends: every prompt x repeat; at a request rate, `load.requests` where given."""
     every = len(ctx.session.prompts) * ctx.profile.run.repeats
     return (ctx.profile.load.requests or every) if spec is not None and spec.open_loop else every
-
-
-@dataclass(frozen=True)
-class PointRun:
-    rows: list[dict[str, Any]]  # one per request; none when the point failed
-    error: str | None  # the one-line reason it failed
-    conditions: dict[str, Any]  # how quiet the machine was (contention.Conditions), the engine's counters
 
 
 def evaluate_point(spec: PointSpec, ctx: RunContext, *, observer: SweepObserver | None = None,

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from dataclasses import asdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from specbench.backends.base import AfterPrompt, OnRequest
 from specbench.backends.server import client
@@ -25,7 +25,32 @@ from specbench.core import gpus
 from specbench.core.results import PointSpec, prompt_columns
 
 if TYPE_CHECKING:
-    from specbench.backends.server.backend import ServerSession
+    from specbench.backends.server.process import ServerProcess
+    from specbench.engines import ServingEngine
+    from specbench.profile import Profile
+    from specbench.workloads.build import Workload
+    from specbench.workloads.prompts import Prompt
+
+
+class ServerSession(Protocol):
+    """What measuring a point reads of its session (backend.py's ServerSession, which calls in here)."""
+
+    profile: Profile
+    engine: ServingEngine | None
+    server: ServerProcess | None  # the launched engine (None: attached)
+    claim: gpus.Claim | None
+    attached: bool
+    api_key: str | None
+    keep_alive: bool
+    model_name: str | None
+    tokenizer: Any
+    workload: Workload
+    prompts: list[Prompt]
+    prompt_tokens: list[int]
+
+    def gpu_uuids(self) -> tuple[str, ...]: ...
+    def limits(self, spec: PointSpec, requests: list[client.Request]) -> client.Limits: ...
+    def request_timeout_s(self, budget: int) -> float: ...
 
 WARMUP_TEXT = "Before it is measured, the engine answers a few requests like this one to warm up. "
 
