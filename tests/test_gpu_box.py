@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from installed_engines import LLAMA_SERVER, needs_llama_server
+from installed_engines import needs_llama_server
 from specbench.backends.server import placement
 from specbench.cli import app
 from specbench.core import contention, gpus
@@ -108,30 +108,21 @@ def box(monkeypatch):
     sys.modules.pop("pynvml", None)
 
 
-SERVER_PROFILE = f"""
-name = "box"
-backend = "server"
-[server]
-engine = "llama.cpp"
-binary = "{LLAMA_SERVER}"
-gpus = [5, 6]
-ready_timeout_s = 120
-extra_args = ["-t", "1"]
-[target]
-model = "builtin:smollm2-135m-instruct"
-[[drafts]]
-name = "ngram"
-method = "ngram"
-[sweep]
-gamma = [3]
-temperature = [0.0]
-[workload]
-prompts = "builtin:mixed"
-max_prompts = 1
-max_new_tokens = 16
-[run]
-warmup = 0
-"""
+def _server_profile() -> str:
+    """test_server_faults' llama-server profile on two of the box's GPUs: one prompt, one point per launch."""
+    from test_server_faults import PROFILE
+
+    edits = (('name = "faults"', 'name = "box"'), ('[server]\n', '[server]\ngpus = [5, 6]\n'),
+             ('["-t", "1", "-np", "2"]', '["-t", "1"]'), ("max_prompts = 4", "max_prompts = 1"),
+             ("max_new_tokens = 64", "max_new_tokens = 16"), ("warmup = 1", "warmup = 0"))
+    text = PROFILE
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    return text
+
+
+SERVER_PROFILE = _server_profile()
 
 
 def test_each_worker_runs_a_profile_narrowed_to_its_own_gpus(box):
