@@ -10,9 +10,10 @@ Which of a GPU's processes are the engine's: NVML numbers them in the host's pid
 Kubernetes) on many drivers they are not the numbers the run sees. A launch is therefore judged by what changed on its
 GPUs (`Claim`): read before the launch and once the engine answers, the engine's processes are its own pids where NVML
 lists them, else the processes that appeared with the launch; where NVML lists none, its memory is the GPUs' used
-memory less what they held before the launch. How it was found is recorded per point and per launch. GPU indices are NVML's (PCI bus order, as
-nvidia-smi numbers them); specbench launches engines and workers with CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA
-numbers them the same way."""
+memory less what they held before the launch. How it was found is recorded per point and per launch.
+
+GPU indices are NVML's (PCI bus order, as nvidia-smi numbers them); specbench launches engines and workers with
+CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA numbers them the same way."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ CUDA_VISIBLE_DEVICES to GPUs of its own: where the profile's backend runs models
 not on the cpu, one visible GPU each (more workers than GPUs are refused; `device = "cuda:N"` shares GPU N on
 purpose); on the server backend, a disjoint group of `server.tensor_parallel` GPUs each, which its engines run on
 (backends/server/placement.py), with its profile narrowed to them (`server.gpus` = its group, whatever the profile
-listed: the others' GPUs are not visible to it). Every worker's GPUs are settled before any starts: too few is one line. On the cpu, in-process workers split the cores between them (torch.set_num_threads).
-A worker that fails sends its error's one line back; the launcher raises WorkerError naming the worker.
+listed: the others' GPUs are not visible to it). Every worker's GPUs are settled before any starts: too few is one
+line. On the cpu, in-process workers split the cores between them (torch.set_num_threads). A worker that fails sends its error's one line back; the launcher raises WorkerError naming the worker.
 """
 
 from __future__ import annotations
