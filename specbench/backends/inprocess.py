@@ -351,7 +351,8 @@ class InProcessSession:
             "models": {"target": {"model": m.target.name, "identity": m.target.identity,
                                   "quantize": m.target.quantize, "weight_mb": m.target.weight_bytes / 2**20},
                        "drafts": drafts},
-            "environment": environment(m.device),
+            "environment": {**environment(m.device),
+                            **({"gpu_claim": m.gpu_claim.as_manifest()} if m.gpu_claim is not None else {})},
         }
 
     def close(self) -> None:
