@@ -127,6 +127,35 @@ def test_the_heartbeat_tells_the_open_point_its_requests_elapsed_and_eta():
     assert lines.beat_text() is None
 
 
+def test_points_of_several_workers_open_at_once_keep_their_own_counts():
+    """`--workers 2` relays both workers' points into one observer: each finished line counts its own requests, the
+    heartbeat names every open point, and a capacity probe left open is ended by the next point to start."""
+    console, clock = log_console(), FakeClock()
+    lines = SweepLines(console, clock=clock, stamp=lambda: "T")
+    lines.sweep_started([BASELINE, NGRAM, DRAFT], [BASELINE, NGRAM, DRAFT])
+    lines.point_started(BASELINE, 3)
+    lines.point_started(NGRAM, 2)
+    lines.request_done(BASELINE)
+    lines.request_done(NGRAM)
+    clock.now += 60
+    assert lines.beat_text() == ("point 1/3 baseline-t0-p1: running, 1/3 requests, elapsed 0:01:00, eta 0:02:00; "
+                                 "point 2/3 ngram-g3-t0-p1: running, 1/2 requests, elapsed 0:01:00, eta 0:01:00")
+    lines.request_done(BASELINE)
+    lines.request_done(BASELINE)
+    lines.point_finished(BASELINE, ok_row(tokens_per_s=10.0))
+    lines.request_done(NGRAM)
+    lines.point_finished(NGRAM, ok_row(tokens_per_s=20.0, speedup=2.0, speedup_ci_low=1.5, speedup_ci_high=2.5,
+                                       acceptance_rate=0.5, mean_accepted_length=2.0))
+    assert written(console)[-2:] == [
+        "T point 1/3 baseline-t0-p1: ok, 3/3 requests (0 failed), 10.0 tok/s, in 0:01:00",
+        "T point 2/3 ngram-g3-t0-p1: ok, 2/2 requests (0 failed), 20.0 tok/s, speedup 2.00x (95% CI 1.50-2.50), "
+        "acceptance 50%, mean accepted length 2.00, in 0:01:00",
+    ]
+    lines.point_started(NGRAM, 5)  # a capacity probe: started, never finished
+    lines.point_started(DRAFT, 1)
+    assert lines.beat_text() == "point 3/3 small-g4-t0-p1: running, 0/1 requests, elapsed 0:00:00, eta -"
+
+
 def test_a_heartbeat_comes_from_its_thread_while_a_point_runs_and_none_after_it():
     console = log_console()
     with SweepLines(console, heartbeat_s=0.05) as lines:

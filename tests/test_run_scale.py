@@ -23,6 +23,8 @@ def test_local_workers_share_one_sweep_and_a_second_run_resumes_it(project):
     for point_id in points["point_id"]:
         said = [line for line in lines if re.search(rf" point \d+/{len(points)} {point_id}: ", line)]
         assert len(said) == 2 and ": started, " in said[0] and re.search(r": (ok|unstable), ", said[1]), said
+        sent = re.search(r": started, (\d+) requests?$", said[0]).group(1)
+        assert f", {sent}/{sent} requests (0 failed), " in said[1], said  # its own requests, whatever else ran
     again = run_cli("tiny.toml", "--workers", "2", "--out", "out")
     assert again.exit_code == 0, again.output
     assert f"sweep: {len(points)} points, 0 to run, {len(points)} resumed" in again.output

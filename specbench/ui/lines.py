@@ -124,12 +124,14 @@ class SweepLines(PlainLines):
         self._known_ok: set[str] = set()  # point ids recorded ok (resumed, or finished ok in this run)
         self._known_failed: set[str] = set()
         self._to_run: set[str] = set()
-        self._point: _OpenPoint | None = None
+        self._started = 0  # points started: resumed, and started in this run (numbers them)
+        self._open: dict[str, _OpenPoint] = {}  # by point id: one per worker of `--workers N`
 
     def sweep_started(self, points: list[PointSpec], to_run: list[PointSpec]) -> None:
         running = {spec.point_id for spec in to_run}
         with self.lock:
-            self._total, self._finished = len(points), len(points) - len(to_run)
+            self._total = len(points)
+            self._finished = self._started = len(points) - len(to_run)
             self._to_run = running
             self._known_ok = {spec.point_id for spec in points} - running
         self.say(f"sweep: {len(points)} points, {len(to_run)} to run, {len(points) - len(to_run)} resumed")
@@ -137,20 +139,23 @@ class SweepLines(PlainLines):
     def point_started(self, spec: PointSpec, n_requests: int) -> None:
         with self.lock:
             numbered = spec.point_id in self._to_run and spec.point_id not in self._known_ok | self._known_failed
-            label = f"point {self._finished + 1}/{self._total} {spec.point_id}" if numbered else f"probe {spec.point_id}"
-            self._point = _OpenPoint(spec.point_id, label, n_requests, self.clock())
+            self._started += numbered
+            # a capacity probe is started, never finished (its search says the outcome), and runs in one process
+            # (no --workers): the next point to start ends it
+            self._open = {key: point for key, point in self._open.items() if not point.label.startswith("probe ")}
+            label = f"point {self._started}/{self._total} {spec.point_id}" if numbered else f"probe {spec.point_id}"
+            self._open[spec.point_id] = _OpenPoint(spec.point_id, label, n_requests, self.clock())
             self.say(f"{label}: started, {n_requests} request{'' if n_requests == 1 else 's'}")
 
     def request_done(self, spec: PointSpec) -> None:
         with self.lock:
-            if self._point is not None and self._point.point_id == spec.point_id:
-                self._point.done += 1
+            if spec.point_id in self._open:
+                self._open[spec.point_id].done += 1
 
     def point_finished(self, spec: PointSpec, row: dict[str, Any]) -> None:
         with self.lock:
-            point = self._point if self._point is not None and self._point.point_id == spec.point_id else \
+            point = self._open.pop(spec.point_id, None) or \
                 _OpenPoint(spec.point_id, f"point {self._finished + 1}/{self._total} {spec.point_id}", 0, self.clock())
-            self._point = None
             self._finished += 1
             ok = row.get("status") == "ok"
             (self._known_ok if ok else self._known_failed).add(spec.point_id)
@@ -161,11 +166,10 @@ class SweepLines(PlainLines):
                                 baseline=baseline))
 
     def beat_text(self) -> str | None:
-        point = self._point
-        if point is None:
-            return None
-        elapsed = self.clock() - point.started
-        return heartbeat_line(point.label, done=point.done, total=point.total, elapsed_s=elapsed)
+        """The open points (several with `--workers N`), in the order they started; None with none open."""
+        now = self.clock()
+        return "; ".join(heartbeat_line(point.label, done=point.done, total=point.total, elapsed_s=now - point.started)
+                         for point in self._open.values()) or None
 
 
 @dataclass
