@@ -26,10 +26,11 @@ from specbench.core.errors import one_line
 from specbench.core.host import host_name
 from specbench.core import progress
 from specbench.heads.reference import head_folder_reference
-from specbench.models.load import LoadedModel, folder_identity, load_model, parameter_count, weight_bytes
+from specbench.models.load import LoadedModel, folder_identity, hf_folder, load_model, parameter_count, weight_bytes
 from specbench.models.registry import ModelError
 from specbench.models.eagle3 import HeadError, load_head_model
 from specbench.models.medusa import load_medusa
+from specbench.models.mtp import load_mtp_layers
 from specbench.profile import Profile, ProfileError
 from specbench.core.results import PointSpec
 from specbench.workloads.build import Workload, build_workload
@@ -206,6 +207,9 @@ def _load_drafts(profile: Profile, target: LoadedModel, *, heads: dict[str, str]
         if draft.method == "medusa":  # heads that do not fit the target stop the run before any point
             drafts[draft.name] = _medusa(profile, index, target, device=device, dtype=dtype, observer=observer)
             continue
+        if draft.method == "mtp":  # the target's own MTP layers: a target without them stops the run
+            drafts[draft.name] = _mtp(profile, index, target, device=device, dtype=dtype, observer=observer)
+            continue
         if draft.method != "draft":
             continue
         key = (draft.model, draft.quantize)
@@ -236,6 +240,18 @@ def _medusa(profile: Profile, index: int, target: LoadedModel, *, device, dtype,
         raise ProfileError(f"{where}drafts[{index}]: the Medusa heads at {folder} propose {heads.num_heads} tokens a "
                            f"step, gamma {gamma} asks for more: use gammas up to {heads.num_heads}")
     return LoadedModel(draft.model, heads, target.tokenizer, folder_identity(folder), weight_bytes(heads), None)
+
+
+def _mtp(profile: Profile, index: int, target: LoadedModel, *, device, dtype, observer) -> LoadedModel:
+    """The target's first MTP layer (vLLM drafts every token with it, chained), read from the target's own folder."""
+    where = f"{profile.source}: " if profile.source else ""
+    observer.message(f"loading the MTP layers of {profile.target.model}")
+    try:
+        layers = load_mtp_layers(hf_folder(profile.target.model), target.model.config, device=device, dtype=dtype)
+    except HeadError as error:
+        raise ProfileError(f"{where}drafts[{index}].method: {error}") from None
+    identity = f"{target.identity}:mtp0"  # the layer is part of the target's files
+    return LoadedModel(profile.target.model, layers[0], target.tokenizer, identity, weight_bytes(layers[0]), None)
 
 
 def _eos_ids(target: LoadedModel) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ from specbench.backends.inprocess import GenerateOne, InProcessBackend, InProces
 from specbench.decoding.proposers import BaselineProposer, DraftModelProposer, NgramProposer, Proposer
 from specbench.decoding.medusa import MedusaProposer
 from specbench.decoding.vocab import CrossVocabularyProposer
-from specbench.decoding.eagle3 import Eagle3Proposer
+from specbench.decoding.eagle3 import Eagle3Proposer, MtpProposer
 from specbench.decoding.decode import generate
 from specbench.decoding.costs import verify_costs_ms
 from specbench.decoding.static import BUCKETS, StaticModel, buckets_to_freeze, captured_cuda_graphs, freeze_refusal
@@ -55,11 +55,11 @@ class NativeSession(InProcessSession):
         hooks are compiled into the target's step (the head itself runs eagerly: ~3 ms per drafted token)."""
         m = self.models
         heads = {spec.name: draft.model for spec in m.profile.drafts
-                 if spec.method == "eagle3" and isinstance(draft := m.drafts.get(spec.name), LoadedModel)}
+                 if spec.method in ("eagle3", "mtp") and isinstance(draft := m.drafts.get(spec.name), LoadedModel)}
         layers = {name: tuple(head.aux_layer_ids) for name, head in heads.items()}
         if len(set(layers.values())) > 1:
             (first, one), (second, other) = list(layers.items())[:2]
-            self.fallback = (f"the EAGLE-3 heads {first} and {second} read different layers of the target ({list(one)} "
+            self.fallback = (f"the drafters {first} and {second} read different layers of the target ({list(one)} "
                              f"and {list(other)}), and its compiled step keeps one set: every point decodes eagerly")
             return
         aux_layers = next(iter(layers.values()), ())
@@ -130,10 +130,10 @@ class NativeSession(InProcessSession):
             return NgramProposer(ngram_min=spec.ngram_min, ngram_max=spec.ngram_max, device=m.device)
         if spec.method == "medusa":
             return MedusaProposer(m.draft_model(spec).model, m.target.model, device=m.device, name=spec.draft)
-        if spec.method == "eagle3":
+        if spec.method in ("eagle3", "mtp"):
             target = self.static.get(id(m.target.model))  # compiled: the step keeps the head's aux states
-            return Eagle3Proposer(m.draft_model(spec).model, m.target.model, device=m.device, name=spec.draft,
-                                  aux=target)
+            drafter = MtpProposer if spec.method == "mtp" else Eagle3Proposer
+            return drafter(m.draft_model(spec).model, m.target.model, device=m.device, name=spec.draft, aux=target)
         vocab_size = m.target.model.get_output_embeddings().weight.shape[0]
         if spec.draft in m.vocabularies:  # another tokenizer: re-tokenised each step, so on a dynamic cache
             mode, mapping = m.vocabularies[spec.draft]

@@ -17,7 +17,7 @@ from specbench.heads.settings import QUICK, HeadSettings
 from specbench.profile import load_profile
 from specbench.ui.heads import HeadProgress, print_head_report
 
-heads_app = typer.Typer(help="Draft heads (EAGLE-3, Medusa): distil them for a target, in vLLM's format.",
+heads_app = typer.Typer(help="Draft heads (EAGLE-3, Medusa) and MTP layers: distil them for a target, in vLLM's format.",
                         no_args_is_help=True)
 
 DEFAULTS = HeadSettings()
@@ -49,19 +49,22 @@ def train(
     learning_rate: Annotated[Optional[float], typer.Option(help=f"Peak AdamW learning rate (default {DEFAULTS.learning_rate}).")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed of the split, the initialisation and the batch order (default: the profile's run.seed, else 0).")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N (default: the profile's, else auto).")] = None,
-    kind: Annotated[str, typer.Option(help="eagle3 (a one-layer EAGLE-3 head) or medusa (Medusa heads: --ttt-steps heads, each drafting one position further).")] = "eagle3",
+    kind: Annotated[str, typer.Option(help="eagle3 (a one-layer EAGLE-3 head), medusa (Medusa heads: --ttt-steps heads, each drafting one position further) or mtp (the target as a MiMo model with one MTP layer, chained --ttt-steps deep in training).")] = "eagle3",
     quick: Annotated[bool, typer.Option("--quick", help=f"A small head for CI: {QUICK.max_prompts} prompts, {QUICK.max_new_tokens} tokens each, {QUICK.epochs} epochs (a few minutes on a CPU).")] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="Train again even if the cache holds this head.")] = False,
     out: Annotated[Optional[Path], typer.Option(help="Also copy the head's folder here.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
-    """Distil a one-layer EAGLE-3 head from the target's greedy continuations (target frozen, training-time
+    """Distil a one-layer EAGLE-3 head (--kind eagle3), Medusa heads (medusa) or an MTP layer (mtp: the target
+    written as a MiMo model that carries it) from the target's greedy continuations (target frozen, training-time
     test over the draft positions); report held-out top-1 agreement per position; cache it in vLLM's format."""
     from specbench.heads.distill import copy_head, train_head  # torch loads only when a head is trained
     from specbench.heads.medusa import train_medusa
+    from specbench.heads.mtp import train_mtp
 
-    if kind not in ("eagle3", "medusa"):
-        fail(f"--kind: eagle3 or medusa (got {kind!r})")
+    trainers = {"eagle3": train_head, "medusa": train_medusa, "mtp": train_mtp}
+    if kind not in trainers:
+        fail(f"--kind: eagle3, medusa or mtp (got {kind!r})")
     try:
         loaded = load_profile(profile) if profile is not None else None
         if target is None and loaded is None:
@@ -76,8 +79,7 @@ def train(
         model = _model_reference(target) if target is not None else loaded.target.model
         out_console = console(stderr=json_output)
         with HeadProgress(out_console) as progress:
-            trainer = train_medusa if kind == "medusa" else train_head
-            report = trainer(model, settings=settings, observer=progress,
+            report = trainers[kind](model, settings=settings, observer=progress,
                              device=device or (loaded.device if loaded else "auto"), fresh=fresh)
         if out is not None:
             copy_head(report, out)

@@ -5,6 +5,10 @@ p + 1 and a hidden state; at positions the target has verified that is fc(target
 positions the head's own pre-norm output one position earlier. The head's output at p proposes token p + 2.
 After each verification the head's cache is rewritten from the target's states at the positions it verified
 (its drafted entries are dropped), so verification stays the decoder's lossless rule.
+
+An MTP layer drafts the same way (`MtpProposer`): it reads the target's last hidden state before the final norm
+instead of fc(three layers' states), and its output, already normed, is both the next hidden state and the logits'
+input (specbench.models.mtp).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from torch import nn
 from specbench.decoding.proposers import Proposal, draw
 from specbench.decoding.sampling import Sampler
 from specbench.models.eagle3 import Attend, Eagle3Head
+from specbench.models.mtp import MtpLayer
 
 
 class AuxSource(Protocol):
@@ -84,15 +89,15 @@ class Eagle3Proposer:
 
     method = "eagle3"
 
-    def __init__(self, head: Eagle3Head, target: nn.Module, *, device: torch.device, name: str | None = None,
+    def __init__(self, head: "Eagle3Head | MtpLayer", target: nn.Module, *, device: torch.device, name: str | None = None,
                  aux: "AuxSource | None" = None):
         """`aux`: where the target's auxiliary states come from when its forward is compiled (a
         `static.StaticModel` built with the head's aux layers); by default the proposer hooks the target itself."""
-        self.head, self.device, self.name = head, device, name or "eagle3"
+        self.head, self.device, self.name = head, device, name or self.method
         if aux is not None:
             if tuple(aux.aux_layers) != tuple(head.aux_layer_ids):
-                raise ValueError(f"the target keeps auxiliary states of layers {list(aux.aux_layers)}, the EAGLE-3 head "
-                                 f"'{self.name}' reads layers {list(head.aux_layer_ids)}")
+                raise ValueError(f"the target keeps auxiliary states of layers {list(aux.aux_layers)}, the "
+                                 f"{self.method} drafter '{self.name}' reads layers {list(head.aux_layer_ids)}")
             self.capture = aux
         else:
             self.capture = AuxCapture(target, head.aux_layer_ids)
@@ -104,7 +109,7 @@ class Eagle3Proposer:
         self.committed = 0  # positions whose target states are in the head's cache
 
     def prefill(self, prompt_ids: list[int], *, max_length: int) -> None:
-        attention, weight = self.head.midlayer.self_attn, self.head.fc.weight
+        attention, weight = self.head.attention, next(self.head.parameters())
         self.cache = HeadCache(max_length, kv_heads=attention.kv_heads, head_dim=attention.head_dim,
                                device=weight.device, dtype=weight.dtype)
         self.committed = 0
@@ -115,7 +120,7 @@ class Eagle3Proposer:
         end = len(sequence) - 1
         aux = self.capture.latest()[: end - self.committed]  # [n, A·Ht]
         ids = torch.tensor([sequence[self.committed + 1 :]], device=self.device)  # [1, n]: token p + 1 at p
-        prenorm = self._step(ids, self.head.fc(aux.unsqueeze(0)), start=self.committed)[:, -1:]  # [1, 1, H]
+        prenorm = self._step(ids, self.head.first_hidden(aux.unsqueeze(0)), start=self.committed)[:, -1:]  # [1, 1, H]
         self.committed = end
         tokens, probs = [], []
         for i in range(k):
@@ -141,3 +146,11 @@ class Eagle3Proposer:
         if logits.shape[-1] < self.vocab_size:  # the target's padding rows are never proposed
             logits = torch.cat([logits, logits.new_full((self.vocab_size - logits.shape[-1],), float("-inf"))])
         return logits[: self.vocab_size]
+
+
+class MtpProposer(Eagle3Proposer):
+    """Drafts k tokens per step with the target's first MTP layer, chained, as vLLM 0.32 drafts a MiMo model's
+    (specbench.models.mtp): the EAGLE-3 proposer's cache and steps, the layer reading the target's last hidden state
+    before its final norm (its aux "layer" num_hidden_layers) where EAGLE-3 reads fc of three layers' states."""
+
+    method = "mtp"

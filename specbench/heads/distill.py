@@ -108,7 +108,7 @@ def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_de
     torch.manual_seed(settings.seed)
     head, to_draft, coverage = _new_head(model, train_set, held_set, settings=settings, layer_ids=layer_ids)
     head.to(torch_device)
-    embed = _frozen_embedding(model)
+    embed = frozen_embedding(model)
     lm_head_weight = (head.lm_head.weight if head.lm_head is not None
                       else model.get_output_embeddings().weight.detach().float())
     steps = settings.ttt_steps
@@ -201,7 +201,7 @@ def _new_head(model, train_set, held_set, *, settings: HeadSettings, layer_ids) 
     return head, to_draft, coverage
 
 
-def _frozen_embedding(model):
+def frozen_embedding(model):
     weight = model.get_input_embeddings().weight.detach()
     return lambda ids: torch.nn.functional.embedding(ids, weight).float()
 

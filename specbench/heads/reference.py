@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from specbench.heads.distill import train_head
 from specbench.heads.settings import QUICK, HeadReport, HeadSettings
+from specbench.profile import Profile
 from specbench.profile.references import TRAINED_PREFIX, is_trained_head
 
 PRESETS = {"default": HeadSettings(), "quick": QUICK}  # keyed by references.TRAINED_PRESETS (tested)
@@ -55,3 +56,24 @@ def head_folder_reference(reference: str, *, target: str, device: str, say: Call
     if not is_trained_head(reference):
         return reference
     return trained_head(reference, target=target, device=device, say=say).folder
+
+
+def with_mtp_target(profile: Profile, *, say: Callable[[str], None]) -> Profile:
+    """`profile` itself, or where it sets target.mtp = "trained:PRESET", the profile whose target is the MTP model
+    `specbench heads train --kind mtp` makes of its target (cached, or distilled now: minutes, said as it goes). Every
+    point of the run, the baseline's too, runs that model: its outputs are the target's (the same weights in MiMo's
+    format), and a speedup divides like by like."""
+    preset = profile.target.mtp
+    if preset is None:
+        return profile
+    from specbench.heads.mtp import train_mtp  # torch and the trainer load only for an MTP target
+
+    target, name = profile.target.model, preset.removeprefix(TRAINED_PREFIX)
+    flags = " --quick" if name == "quick" else ""
+    say(f"MTP model {preset} for {target}: from the cache, else distilled now, once per machine "
+        f"(as `specbench heads train --kind mtp --target {target}{flags}`)")
+    report = train_mtp(target, settings=PRESETS[name], observer=_Phases(say), device=profile.device)
+    agreement = ", ".join(f"{value:.1%}" for value in report.agreement)
+    say(f"{'cached' if report.cached else 'trained'} MTP model {report.folder}: held-out top-1 agreement of its layer "
+        f"at draft positions 1..{len(report.agreement)}: {agreement}")
+    return profile.model_copy(update={"target": profile.target.model_copy(update={"model": report.folder})})

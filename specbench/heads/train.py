@@ -75,7 +75,7 @@ def unroll(head: Eagle3Head, batch: Batch, *, embed: nn.Module, lm_head_weight: 
            steps: int) -> list[torch.Tensor]:
     """Draft logits [B, T, D] of each step for every anchor a = 0..T-1 (T = L - 1)."""
     anchors = batch.aux.shape[1] - 1
-    hidden = head.fc(batch.aux[:, :anchors])  # [B, T, H]
+    hidden = head.first_hidden(batch.aux[:, :anchors])  # [B, T, H]
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     logits = []

@@ -124,6 +124,14 @@ class Eagle3Head(nn.Module):
             return None
         return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
+    @property
+    def attention(self) -> Eagle3Attention:
+        return self.midlayer.self_attn
+
+    def first_hidden(self, aux: torch.Tensor) -> torch.Tensor:
+        """The target's aux states [.., A·Ht] as the layer reads them at verified positions: fc of them [.., H]."""
+        return self.fc(aux)
+
     def rotation(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, T] -> cos, sin [B, T, d]."""
         return self.rotary(like, positions)

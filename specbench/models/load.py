@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import hashlib
 import os
 import warnings
@@ -320,12 +322,29 @@ def _load_pretrained(
     """Model, tokenizer and the names of parameters the checkpoint lacked."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with no_progress_bars():
+    with no_progress_bars(), _quiet_if_mtp(location):
         model, info = AutoModelForCausalLM.from_pretrained(
             location, dtype=dtype, revision=revision, output_loading_info=True, local_files_only=local_files_only
         )
         tokenizer = AutoTokenizer.from_pretrained(location, revision=revision, local_files_only=local_files_only)
     return model, tokenizer, sorted(info["missing_keys"])
+
+
+@contextlib.contextmanager
+def _quiet_if_mtp(location: str):
+    """transformers' loading report off for a model folder with MTP layers: it lists every MTP tensor as unexpected
+    (its classes do not load them; the drafter reads them itself, specbench.models.mtp)."""
+    from transformers.utils import logging as hf_logging
+
+    config = Path(location) / "config.json"
+    quiet = config.is_file() and '"num_nextn_predict_layers"' in config.read_text()
+    level = hf_logging.get_verbosity()
+    if quiet:
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def _check_no_missing_weights(ref: str, missing: list[str]) -> None:

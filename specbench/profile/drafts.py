@@ -17,7 +17,7 @@ from specbench.profile.validation import URL_PATTERN, converted, rule, show
 
 
 DRAFT_MODEL_METHODS = ("draft", "eagle", "eagle3", "medusa")  # need a model: the draft, or the target's heads
-NATIVE_METHODS = ("draft", "ngram", "eagle3", "medusa")  # what the native backend drafts with (hf: draft and ngram)
+NATIVE_METHODS = ("draft", "ngram", "eagle3", "medusa", "mtp")  # what the native backend drafts with (hf: draft, ngram)
 
 
 class DraftSpec(Table):
@@ -69,6 +69,9 @@ class DraftSpec(Table):
         if self.model is not None and is_trained_head(self.model) and self.method != "eagle3":
             raise rule(f'trained:... is an EAGLE-3 head: set method = "eagle3", or a draft model for '
                         f'method "{self.method}"', at=("model",))
+        if self.method == "mtp" and self.model is not None:
+            raise rule('"mtp" drafts with the target\'s own MTP layers (remove model; for a target without them, '
+                       'target.mtp = "trained:quick" makes one)', at=("model",))
         if self.vocabulary is not None and self.method != "draft":
             raise rule(f'a vocabulary of its own is a draft model\'s (method "draft"), not method "{self.method}"\'s '
                        "(remove vocabulary)", at=("vocabulary",))

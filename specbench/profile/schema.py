@@ -19,6 +19,7 @@ from specbench.profile.cost import CostSpec
 from specbench.profile.drafts import NATIVE_METHODS, DraftSpec
 from specbench.profile.fields import FolderName, ProfileError, Table
 from specbench.profile.load import LoadSpec
+from specbench.profile.mtp import mtp_problem
 from specbench.profile.run import RunSpec
 from specbench.profile.server import ServerSpec
 from specbench.profile.slo import SloSpec
@@ -91,7 +92,7 @@ class Profile(Table):
                 raise rule(f'used only by backend = "server" (the profile runs backend "{self.backend}")',
                             at=("server",))
             for index, draft in enumerate(self.drafts):
-                has = "draft, ngram, eagle3 and medusa" if self.backend == "native" else "draft and ngram"
+                has = "draft, ngram, eagle3, medusa and mtp" if self.backend == "native" else "draft and ngram"
                 if draft.method in NATIVE_METHODS and draft.method in SERVER_ONLY_METHODS and self.backend != "native":
                     raise rule(f'"{draft.method}" runs on backend "native" or "server" (backend "{self.backend}" '
                                 f'has {has})', at=("drafts", index, "method"))
@@ -136,6 +137,12 @@ class Profile(Table):
                     key = ("drafts", index, error.field) if error.field else \
                         ("drafts", index, "gamma") if draft.gamma else ("sweep", "gamma")
                     raise rule(str(error), at=key) from None
+
+    @model_validator(mode="after")
+    def _mtp_has_layers(self) -> "Profile":
+        if problem := mtp_problem(self):
+            raise rule(problem[0], at=problem[1])
+        return self
 
     @model_validator(mode="after")
     def _imposed_acceptance_runs(self) -> "Profile":

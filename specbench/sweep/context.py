@@ -83,6 +83,9 @@ class RunContext:
 def open_run(profile: Profile, *, observer: Observer, out_dir: Path | None = None) -> RunContext:
     """Open the profile's backend session (load the models, or launch what it needs) and key the run. run.compile is
     keyed through the session's identity, as what it resolved to (a compiled native session says so there)."""
+    from specbench.heads.reference import with_mtp_target  # torch: only where a run opens
+
+    profile = with_mtp_target(profile, say=observer.message)  # target.mtp: the MTP model made of the target
     backend = get_backend(profile.backend)
     session = backend.open(profile, observer=observer, out_dir=out_dir)
     run_key = stable_hash({

@@ -1,0 +1,95 @@
+"""An MTP layer distilled for a target from its own greedy continuations, as the EAGLE-3 head is (the same prompts,
+continuations, held-out split, settings and cache), and the target made a MiMo model that carries it
+(specbench.models.mtp): the model vLLM serves with `{"method": "mtp"}` and the native backend drafts from.
+
+The layer reads the target's last hidden state before its final norm and the next token's embedding; it is trained
+with the target frozen by the EAGLE-3 trainer's training-time test (`HeadSettings.ttt_steps` chained steps, each
+reading the layer's own output of the step before), against the target's greedy token two positions on. It starts
+from the target's last decoder layer and final norm (DeepSeek-V3's recipe). The cached folder is the whole model:
+the target's weights, exactly (q/k/v biases zero where the target has none), plus the layer."""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import asdict
+
+import torch
+
+from specbench.decoding import devices
+from specbench.heads.data import split_held_out
+from specbench.heads.distill import (REPORT_FILE, Observer, frozen_embedding, head_key, heads_dir, read_report,
+                                     store_files, target_examples)
+from specbench.heads.settings import HeadReport, HeadSettings
+from specbench.heads.train import TrainSettings, agreement, fit, make_batches
+from specbench.models.load import hf_folder, load_model, load_tokenizer
+from specbench.models.mtp import new_layer, write_mtp_model
+
+KIND = "mtp"
+
+
+def train_mtp(target: str, *, settings: HeadSettings, observer: Observer, device: str = "auto",
+              fresh: bool = False) -> HeadReport:
+    """The MTP model for `target` under `settings`: from the cache, or distilled now and cached. Its folder
+    (`report.folder`) is a model: point target.model at it, or write target.mtp = "trained:PRESET"."""
+    settings.check()
+    torch_device = devices.resolve_device(device)
+    dtype = devices.resolve_dtype("auto", torch_device)
+    _, identity = load_tokenizer(target)
+    folder = heads_dir() / f"{KIND}-{head_key(identity, settings, device=torch_device, dtype=dtype)[:16]}"
+    if not fresh and (folder / REPORT_FILE).is_file():
+        return read_report(folder)
+    report = _distil(target, settings=settings, observer=observer, torch_device=torch_device, dtype=dtype,
+                     folder=folder)
+    gc.collect()
+    if torch_device.type == "cuda":
+        torch.cuda.empty_cache()
+    return report
+
+
+def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_device: torch.device,
+            dtype: torch.dtype, folder) -> HeadReport:
+    started = time.perf_counter()
+    target_folder = hf_folder(target)  # a GGUF converted once: the weights the MTP model copies
+    observer.message(f"loading target {target}")
+    loaded = load_model(target, device=torch_device, dtype=dtype)
+    model = loaded.model
+    layer_ids = [model.config.num_hidden_layers]  # the input of the final norm: what MiMoModel hands its MTP layer
+    continuations, examples, seconds = target_examples(loaded, settings=settings, observer=observer,
+                                                       torch_device=torch_device, layer_ids=layer_ids)
+    train_ids, held_ids = split_held_out(len(examples), held_out=settings.held_out, seed=settings.seed)
+    train_set, held_set = [examples[i] for i in train_ids], [examples[i] for i in held_ids]
+
+    torch.manual_seed(settings.seed)
+    layer = new_layer(model).to(torch_device)
+    embed = frozen_embedding(model)
+    lm_head_weight = model.get_output_embeddings().weight.detach().float()
+    steps = settings.ttt_steps
+    batch = {"batch_tokens": settings.batch_tokens, "steps": steps, "to_draft": None, "device": torch_device}
+    train_batches, held_batches = make_batches(train_set, **batch), make_batches(held_set, **batch)
+    measure = {"embed": embed, "lm_head_weight": lm_head_weight, "steps": steps}
+    untrained = agreement(layer, held_batches, **measure)
+
+    train = TrainSettings(epochs=settings.epochs, batch_tokens=settings.batch_tokens,
+                          learning_rate=settings.learning_rate, ttt_steps=steps, seed=settings.seed)
+    observer.phase("training", settings.epochs * len(train_batches))
+    clock = time.perf_counter()
+    losses = fit(layer, train_batches, settings=train, embed=embed, lm_head_weight=lm_head_weight,
+                 on_step=lambda loss: observer.advance(note=f"loss {loss:.3f}"))
+    devices.synchronize(torch_device)
+    seconds["train"] = time.perf_counter() - clock
+    held_agreement, train_agreement = agreement(layer, held_batches, **measure), agreement(layer, train_batches, **measure)
+    seconds["total"] = time.perf_counter() - started
+
+    report = HeadReport(
+        folder=str(folder), target=target, target_identity=loaded.identity, settings={**asdict(settings), "kind": KIND},
+        device=str(torch_device), agreement=held_agreement, agreement_untrained=untrained,
+        train_agreement=train_agreement, draft_vocab_coverage=1.0, losses=(losses[0], losses[-1]),
+        examples={"train_prompts": len(train_set), "held_out_prompts": len(held_set),
+                  "train_tokens": sum(e.length for e in train_set), "held_out_tokens": sum(e.length for e in held_set),
+                  "generated_tokens": sum(len(c) for c in continuations)},
+        seconds=seconds,
+    )
+    source = {"specbench_mtp": {"target": target, "target_identity": loaded.identity}}
+    store_files(lambda tmp: write_mtp_model(target_folder, [layer.cpu()], tmp, extra=source), report, folder)
+    return report
