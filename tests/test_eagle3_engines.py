@@ -23,7 +23,13 @@ preset's sharegpt prompts, 24 of them, 8 epochs: 81 s) drafted for 6 prompts of 
 at position 1 and never after: a comparison of near-zeros, and the three runs twice as long. `trained:PRESET` in a
 profile is tested on a tiny target (tests/test_heads.py).
 llama-server runs the target as an f32 GGUF converted here from the same safetensors folder native and vLLM load
-(the embedded Q4_1 file would be a different model's numerics). Skipped where an engine is not installed."""
+(the embedded Q4_1 file would be a different model's numerics). Skipped where an engine is not installed.
+
+MTP the same way: the embedded SmolLM2 written as a MiMo model with one MTP layer distilled on the five prompts
+(`specbench heads train --kind mtp`), run natively at gamma 1 and 2 and by vLLM at gamma 2 (the layer chained), each
+backend's greedy outputs equal to its own baseline's, and the MiMo model's baseline outputs equal to the embedded
+model's on both (the same weights: the converted target is the embedded model). llama.cpp has no MTP for a
+MiMoForCausalLM (refused in one line: tests/test_mtp.py)."""
 
 from __future__ import annotations
 
@@ -102,6 +108,44 @@ model = "{target}"
 }
 
 
+# the MTP model on the backends that run it: its own target, so its own baseline
+MTP_COMMON = """
+[target]
+model = "{model}"
+[[drafts]]
+name = "mtp"
+method = "mtp"
+[sweep]
+gamma = [{gammas}]
+temperature = [0.0]
+concurrency = [1]
+[workload]
+prompts = "prompts.jsonl"
+max_prompts = 5
+max_new_tokens = 32
+[run]
+repeats = 1
+warmup = 1
+seed = 0
+"""
+MTP_GAMMAS = {"native": "1, 2", "vllm": "2"}  # vLLM: one launch beside the baseline's, the chained layer
+
+
+def _mtp_profile(name: str, model: str) -> str:
+    head = PROFILES[name].split("[target]")[0]
+    return head.replace('name = "e3-', 'name = "mtp-') + MTP_COMMON.format(model=model, gammas=MTP_GAMMAS[name])
+
+
+def _run_mtp(folder: Path, name: str, model: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    (folder / f"mtp-{name}.toml").write_text(_mtp_profile(name, model))
+    result = subprocess.run([sys.executable, "-m", "specbench.cli", "run", f"mtp-{name}.toml", "--out", f"mtp-{name}"],
+                            cwd=folder, capture_output=True, text=True, timeout=2400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = folder / f"mtp-{name}"
+    return (pd.read_parquet(out / "points.parquet").set_index("draft"), pd.read_parquet(out / "requests.parquet"),
+            result.stdout)
+
+
 # Medusa heads on the backends that run them (llama.cpp has no Medusa)
 MEDUSA = """[[drafts]]
 name = "medusa"
@@ -130,7 +174,9 @@ PROMPTS = ["Explain in two sentences why the sky is blue.",
 # the quick preset's head shape, distilled on the prompts the backends then run, to their 32 tokens; Medusa's three
 # heads learn them in fewer epochs (each head has the target's whole vocabulary: 8 epochs took 14 s, 30 took 51)
 SAME_PROMPTS = ["--quick", "--workload", "prompts.jsonl", "--max-prompts", "5", "--max-new-tokens", "32", "--device", "cpu"]
-HEAD_SETTINGS = {"eagle3": [*SAME_PROMPTS, "--epochs", "30"], "medusa": [*SAME_PROMPTS, "--epochs", "8"]}
+# the MTP layer reads the target's whole vocabulary too: 16 epochs learn the four training continuations
+HEAD_SETTINGS = {"eagle3": [*SAME_PROMPTS, "--epochs", "30"], "medusa": [*SAME_PROMPTS, "--epochs", "8"],
+                 "mtp": [*SAME_PROMPTS, "--epochs", "16"]}
 
 
 def _distil(folder: Path, kind: str) -> str:
@@ -153,11 +199,17 @@ def runs(tmp_path_factory):
         head = _distil(folder, "eagle3")
     with _timed(seconds, "medusa distillation"):
         medusa = _distil(folder, "medusa")
+    with _timed(seconds, "mtp distillation"):
+        mtp = _distil(folder, "mtp")
     with _timed(seconds, "native"):
         done = {"native": _run(folder, "native", PROFILES["native"], head=head, medusa=medusa)}
+    with _timed(seconds, "mtp native"):
+        done["mtp-native"] = _run_mtp(folder, "native", mtp)
     if VLLM_PYTHON.exists():
         with _timed(seconds, "vllm"):
             done["vllm"] = _run(folder, "vllm", PROFILES["vllm"], head=head, medusa=medusa)
+        with _timed(seconds, "mtp vllm"):
+            done["mtp-vllm"] = _run_mtp(folder, "vllm", mtp)
     if CONVERTER is not None:
         with _timed(seconds, "target to GGUF"):
             target = to_gguf(hf_folder(TARGET), folder / "target-f32.gguf", converter=CONVERTER)
@@ -230,4 +282,47 @@ def test_vllm_accepts_what_native_accepts_plus_its_drafts_past_the_length_limit(
     requests = runs[0]["vllm"][1]
     at_limit = int((requests[requests["point_id"].str.startswith(draft)]["finish_reason"] == "length").sum())
     assert len(native) == len(vllm) == 3 and min(native) > 0
+    assert all(a - 1 <= b <= a + at_limit for a, b in zip(native, vllm)), (native, vllm, at_limit)
+
+
+# --- MTP ------------------------------------------------------------------------------------------------------
+
+
+def _baseline_outputs(runs, name: str) -> dict[str, str]:
+    requests = runs[0][name][1]
+    baseline = requests[requests["point_id"].str.startswith("baseline")]
+    return dict(zip(baseline["prompt_id"], baseline["output_sha"]))
+
+
+def test_native_mtp_is_lossless_and_drafts_from_the_chained_layer(runs):
+    points = runs[0]["mtp-native"][0]
+    rows = points[points["method"] == "mtp"]
+    assert len(rows) == 2 and rows["outputs_match_baseline"].all()
+    gamma2 = rows[rows["gamma"] == 2].iloc[0]
+    assert min(int(x) for x in gamma2["accepted_per_position"]) > 0  # the chained step is accepted too
+
+
+@needs_vllm
+def test_vllm_runs_the_mtp_model_from_its_per_request_counts(runs):
+    row = runs[0]["mtp-vllm"][0].loc["mtp"]
+    assert row["acceptance_source"] == "requests" and row["engine_accepted_tokens"] > 0
+    assert row["outputs_match_baseline"]
+    assert not runs[1], f"engines left running: {runs[1]}"
+
+
+@pytest.mark.parametrize("backend", ["native", pytest.param("vllm", marks=needs_vllm)])
+def test_the_mtp_model_is_the_embedded_model(runs, backend):
+    """The same greedy outputs, prompt by prompt, from the MiMo model's baseline as from the embedded model's."""
+    assert _baseline_outputs(runs, f"mtp-{backend}") == _baseline_outputs(runs, backend)
+
+
+@needs_vllm
+def test_vllm_accepts_what_native_accepts_from_the_mtp_layer(runs):
+    native_points = runs[0]["mtp-native"][0]
+    native_row = native_points[(native_points["method"] == "mtp") & (native_points["gamma"] == 2)].iloc[0]
+    native = [int(x) for x in native_row["accepted_per_position"]]
+    vllm = [int(x) for x in runs[0]["mtp-vllm"][0].loc["mtp", "accepted_per_position"]]
+    requests = runs[0]["mtp-vllm"][1]
+    at_limit = int((requests[requests["point_id"].str.startswith("mtp")]["finish_reason"] == "length").sum())
+    assert len(native) == len(vllm) == 2 and min(native) > 0
     assert all(a - 1 <= b <= a + at_limit for a, b in zip(native, vllm)), (native, vllm, at_limit)

@@ -13,7 +13,7 @@ import pytest
 
 from installed_engines import LLAMA_SERVER, needs_llama_server
 from specbench.backends.server.metrics import spec_counters
-from specbench.engines import ENGINES, EngineError, Speculation, check_schedule, parse_schedule, schedule_text
+from specbench.engines import ENGINES, EngineError, Speculation, check_schedule, parse_schedule, schedule_text, with_mtp_draft
 
 
 
@@ -39,8 +39,9 @@ def test_vllm_reports_each_requests_acceptance_where_it_can():
 
 
 def test_heads_and_mtp_map_to_each_engines_flags():
-    """EAGLE-3 runs for real on vLLM and llama.cpp (test_eagle3_engines.py); MTP needs a target with MTP layers
-    (DeepSeek-V3, GLM-4.5, Qwen3.5 families), none small enough for a CPU: its mapping is checked here, by argv."""
+    """EAGLE-3 and MTP run for real on vLLM (test_eagle3_engines.py, test_mtp_engines.py); SGLang's and llama.cpp's
+    mappings are checked here, by argv. SGLang's NEXTN is given the target as the path of its MTP layers (it fills that
+    in itself only for DeepSeek-V3-like architectures, not MiMo's); vLLM and llama.cpp read them from the target."""
     vllm, sglang, llama = ENGINES["vllm"], ENGINES["sglang"], ENGINES["llama.cpp"]
     assert json.loads(vllm.speculation_args(Speculation("eagle3", 3, draft_model="/h"))[1]) == {
         "method": "eagle3", "num_speculative_tokens": 3, "model": "/h"}
@@ -50,6 +51,11 @@ def test_heads_and_mtp_map_to_each_engines_flags():
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/h", "--speculative-num-steps", "3",
         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
     assert sglang.speculation_args(Speculation("mtp", 2))[:2] == ["--speculative-algorithm", "NEXTN"]
+    assert sglang.speculation_args(with_mtp_draft(Speculation("mtp", 2), sglang, "/t")) == [
+        "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", "/t", "--speculative-num-steps", "2",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
+    for engine in (vllm, llama):
+        assert with_mtp_draft(Speculation("mtp", 2), engine, "/t") == Speculation("mtp", 2)
     assert llama.speculation_args(Speculation("eagle3", 2, draft_model="/h.gguf")) == [
         "--spec-type", "draft-eagle3", "--spec-draft-n-max", "2", "-md", "/h.gguf"]
     assert llama.speculation_args(Speculation("mtp", 2)) == ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pandas as pd
 import pytest
@@ -15,6 +16,7 @@ from eagle3_tiny import embedding_of, random_prompts
 from test_decoding import check_accounting
 from test_heads import PROMPTS, SETTINGS
 from test_sampling import P_MIN, broken_verify_sampling, empirical_joint, exact_joint, pair_p_values
+from installed_engines import VLLM_PYTHON, needs_vllm
 from tiny import DEVICE, WORDS, tiny_llama, write_model_folder
 from typer.testing import CliRunner
 
@@ -272,10 +274,13 @@ def test_target_mtp_trained_serves_every_point_with_the_mtp_model(project, monke
     (profile_text(mtp="trained:quick", backend="server",
                   extra='[server]\nengine = "llama.cpp"\n'),
      "target.mtp: llama.cpp's draft-mtp runs the MTP layers of GGUF targets whose architecture has them"),
+    (profile_text(target="builtin:smollm2-135m-instruct", backend="server", extra='[server]\nengine = "llama.cpp"\n'),
+     "builtin:smollm2-135m-instruct has none (its GGUF header has no nextn_predict_layers)"),
     (profile_text(mtp="trained:quick").replace('method = "mtp"\n', 'method = "mtp"\nmodel = "./target"\n'),
      'drafts[0].model: "mtp" drafts with the target\'s own MTP layers (remove model'),
     (profile_text(mtp="trained:quick", backend="hf"), 'drafts[0].method: "mtp" runs on backend "native" or "server"'),
-], ids=["folder-without-layers", "builtin", "unknown-preset", "not-trained", "llama.cpp", "model", "hf"])
+], ids=["folder-without-layers", "builtin", "unknown-preset", "not-trained", "llama.cpp-mimo", "llama.cpp-builtin",
+        "model", "hf"])
 def test_bad_mtp_profiles_are_one_line_exit_2_and_write_nothing(project, text, message):
     (project / "tiny.toml").write_text(text)
     result = CliRunner().invoke(app, ["run", "tiny.toml", "--out", "out"])
@@ -295,3 +300,50 @@ def test_vllm_refuses_a_gamma_its_mtp_layers_do_not_divide(project, layer, targe
     assert result.exit_code == 2, result.output
     assert ("sweep.gamma: vLLM chains a target's 2 MTP layers, so its num_speculative_tokens must be at most 2 or a "
             "multiple of 2 (vllm/config/speculative.py; got gamma 3)") in " ".join(result.output.split())
+
+
+# --- the GPU profiles' flags, against vLLM's own parser -------------------------------------------------------
+
+PARSE = """
+import dataclasses, json, sys
+from vllm.config import SpeculativeConfig
+from vllm.entrypoints.launchers.cli_args import make_arg_parser  # what vllm.entrypoints.openai.api_server parses with
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = make_arg_parser(FlexibleArgumentParser())
+for argv in json.loads(sys.stdin.read()):
+    args = parser.parse_args(argv)
+    config = json.loads(args.speculative_config) if isinstance(args.speculative_config, str) else args.speculative_config
+    if config:
+        unknown = set(config) - {field.name for field in dataclasses.fields(SpeculativeConfig)}
+        assert not unknown, (argv, unknown)
+    print(args.model, args.trust_remote_code, json.dumps(config))
+"""
+
+
+@needs_vllm
+def test_the_vllm_gpu_mtp_profile_launches_what_vllms_own_parser_takes():
+    """Every launch of profiles/vllm-gpu-mtp.toml, argv as the server backend builds it, parsed by the installed
+    vLLM's own server parser (the CPU build's is the CUDA build's), its speculative config's keys all vLLM's."""
+    from pathlib import Path
+
+    from specbench.engines import ENGINES, Speculation
+    from specbench.profile import load_profile
+
+    profile = load_profile(Path(__file__).parent.parent / "profiles" / "vllm-gpu-mtp.toml")
+    engine = ENGINES["vllm"]
+    argvs = [[*engine.command(target=profile.target.model, host="127.0.0.1", port=8000, binary="python")[3:],
+              *profile.server.extra_args]]
+    for draft in profile.drafts:
+        for gamma in profile.gammas(draft):
+            speculation = Speculation(draft.method, gamma, None, draft.ngram_min, draft.ngram_max, draft.gamma_schedule)
+            argvs.append([*argvs[0], *engine.speculation_args(speculation, version="0.32.0")])
+    done = subprocess.run([str(VLLM_PYTHON), "-c", PARSE], input=json.dumps(argvs), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1 + 3 + 1 + 3  # the baseline, mtp at 1-3, mtp by load, n-gram at 1-3
+    assert all(line.startswith("XiaomiMiMo/MiMo-7B-RL True ") for line in lines)
+    configs = [json.loads(line.split(" ", 2)[2]) for line in lines]
+    assert {"method": "mtp", "num_speculative_tokens": 2} in configs
+    assert {"method": "mtp", "num_speculative_tokens": 3,
+            "num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, 32, 1]]} in configs

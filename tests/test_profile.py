@@ -77,6 +77,7 @@ def test_the_shipped_profiles_and_the_default_is_one_of_them():
         "qwen-coder-cpu.toml",
         "qwen2.5-gpu.toml",
         "sglang-gpu-eagle3.toml",
+        "sglang-gpu-mtp.toml",
         "sharegpt-cpu.toml",
         "vllm-cpu-capacity.toml",
         "vllm-cpu-eagle3.toml",
@@ -84,6 +85,7 @@ def test_the_shipped_profiles_and_the_default_is_one_of_them():
         "vllm-cpu-sharegpt.toml",
         "vllm-cpu.toml",
         "vllm-gpu-eagle3.toml",
+        "vllm-gpu-mtp.toml",
         "whatif-cpu.toml",
     ]
     assert (PROJECT_ROOT / DEFAULT_PROFILE).is_file()

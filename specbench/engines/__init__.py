@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specbench.engines.base import (
     SERVER_ONLY_METHODS, EngineError, Schedule, ServingEngine, Speculation, check_schedule, parse_schedule,
-    schedule_text,
+    schedule_text, with_mtp_draft,
 )
 from specbench.engines.llama_cpp import ENGINE as LLAMA_CPP
 from specbench.engines.sglang import ENGINE as SGLANG
@@ -14,4 +14,4 @@ from specbench.engines.vllm import ENGINE as VLLM
 ENGINES: dict[str, ServingEngine] = {engine.name: engine for engine in (LLAMA_CPP, VLLM, SGLANG)}
 
 __all__ = ["ENGINES", "SERVER_ONLY_METHODS", "EngineError", "Schedule", "ServingEngine", "Speculation", "check_schedule",
-           "parse_schedule", "schedule_text"]
+           "parse_schedule", "schedule_text", "with_mtp_draft"]

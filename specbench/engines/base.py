@@ -5,6 +5,7 @@ recommended is exactly what was measured."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,6 +46,16 @@ class Speculation:
     @property
     def speculates(self) -> bool:
         return self.method != "baseline"
+
+
+def with_mtp_draft(speculation: Speculation, engine, target: str) -> Speculation:
+    """`speculation`, where it drafts with the target's MTP layers on an engine that loads them from a draft path it
+    does not fill in itself for every architecture (`mtp_reads_draft_path`: SGLang), with the target as that path."""
+    if speculation.method != "mtp" or speculation.draft_model is not None:
+        return speculation
+    if not getattr(engine, "mtp_reads_draft_path", False):
+        return speculation
+    return dataclasses.replace(speculation, draft_model=target)
 
 
 def check_schedule(ranges) -> Schedule:

@@ -39,6 +39,11 @@ class Sglang:
     no_ngram_window = ("SGLang 0.5.23 has no n-gram match window: its n-gram drafter matches every suffix of up to "
                        "speculative_ngram_max_trie_depth (18) tokens against the tokens recently decoded; remove it, "
                        'or use engine = "vllm"')
+    # NEXTN loads the MTP layers from --speculative-draft-model-path, which SGLang fills in with the target itself only
+    # for the architectures it lists (DeepSeek-V3, GLM-4.5, ...; speculative_hook.py, _handle_eagle_family), not for
+    # MiMo (configs/model_config.py reads the draft as MiMoMTP): given the target for every MTP launch (a path it
+    # fills in itself it takes, with a warning)
+    mtp_reads_draft_path = True
     launch_env: dict[str, str] = {}
     scratch_env: tuple[str, ...] = ()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.core import stats
-from specbench.engines import ENGINES, EngineError, Speculation
+from specbench.engines import ENGINES, EngineError, Speculation, with_mtp_draft
 from specbench.models.registry import builtin_gguf_path, builtin_model, builtin_name, is_builtin
 from specbench.profile import Profile
 from specbench.tune.objectives import Objective
@@ -107,7 +107,7 @@ def _serving(name: str, speculation: Speculation, *, target: str, binary: str,
     runs it (on the engine's usual port); `error` instead where the engine cannot run the speculation."""
     engine = ENGINES[name]
     try:
-        args = engine.speculation_args(speculation, help_text=help_text)
+        args = engine.speculation_args(with_mtp_draft(speculation, engine, target), help_text=help_text)
     except EngineError as error:
         return {"error": str(error)}
     return {"args": args, "command": engine.command(target=target, host="127.0.0.1", port=_PORTS[name],

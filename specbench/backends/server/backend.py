@@ -19,7 +19,7 @@ from specbench.backends.base import AfterPrompt, Observer, OnRequest
 from specbench.backends.server import checks, client, heads, placement, vocab, watch
 from specbench.backends.server.measure import measure_point
 from specbench.backends.server.process import HOST, ServerFailed, ServerProcess, end_leftovers, free_port
-from specbench.engines import ENGINES, EngineError, ServingEngine, Speculation, parse_schedule
+from specbench.engines import ENGINES, EngineError, ServingEngine, Speculation, parse_schedule, with_mtp_draft
 from specbench.models.load import hf_folder, hub_snapshot, load_tokenizer, resolve_model
 from specbench.profile import Profile, ProfileError
 from specbench.core import gpus
@@ -269,10 +269,10 @@ class ServerSession:
         draft = head.reference if head is not None else (
             engine_reference(spec.draft_model, engine) if spec.draft_model else None)
         vocabulary = self._vocabulary(spec) if spec.method == "draft" else None
-        speculation = Speculation(spec.method, spec.gamma, draft,
-                                  spec.ngram_min, spec.ngram_max,
-                                  parse_schedule(spec.gamma_schedule) if spec.gamma_schedule else None,
-                                  spec.imposed_rates, vocabulary)
+        speculation = with_mtp_draft(Speculation(spec.method, spec.gamma, draft,
+                                                 spec.ngram_min, spec.ngram_max,
+                                                 parse_schedule(spec.gamma_schedule) if spec.gamma_schedule else None,
+                                                 spec.imposed_rates, vocabulary), engine, target)
         port = free_port()
         if self.settings.command is not None:
             values = {"target": target, "draft": speculation.draft_model or "", "host": HOST, "port": str(port)}
