@@ -164,7 +164,7 @@ CHECK_PYTHON = found=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_in
 	echo "specbench needs Python >= 3.11, and $(PYTHON) is $${found:+Python }$${found:-not found}: give a newer one, e.g. make PYTHON=python3.11 (Ubuntu 22.04: sudo apt install python3.11 python3.11-venv)"; \
 	exit 1; }
 
-.PHONY: install run test bench bench-tests bench-whatif bench-cross-tokenizer bench-medusa bench-capacity bench-aiperf gpu-check gpu-wheels bench-server bench-sharegpt clean check-python check-torch \
+.PHONY: install run test bench bench-tests bench-whatif bench-cross-tokenizer bench-medusa bench-mtp bench-capacity bench-aiperf gpu-check gpu-wheels bench-server bench-sharegpt clean check-python check-torch \
 	engines engine-llama.cpp engine-vllm engine-sglang .engines/llama-server .engines/vllm
 
 install: $(STAMP)
@@ -354,6 +354,18 @@ bench-medusa: $(STAMP) engine-vllm
 	$(BIN)/specbench run benches/medusa-cpu.toml $(ARGS)
 	$(BIN)/specbench run benches/medusa-vllm-cpu.toml $(ARGS)
 	$(BIN)/specbench report results/medusa-cpu results/medusa-vllm-cpu
+
+# MTP against EAGLE-3 and n-grams at 1-3 speculative tokens: the embedded model written as a MiMo model with one MTP
+# layer distilled here and an EAGLE-3 head distilled with the same budget (MTP_BUDGET: --quick, or empty for the
+# defaults), natively and on vLLM CPU, the same prompts (~35 min with --quick)
+MTP_BUDGET ?= --quick
+bench-mtp: $(STAMP) engine-vllm
+	$(BIN)/specbench heads train --kind mtp --target builtin:smollm2-135m-instruct $(MTP_BUDGET) --out results/mtp-model
+	$(BIN)/specbench heads train --target builtin:smollm2-135m-instruct $(MTP_BUDGET) --out results/mtp-eagle3
+	$(BIN)/specbench run benches/mtp-cpu.toml $(ARGS)
+	$(BIN)/specbench run benches/mtp-vllm-cpu.toml $(ARGS)
+	$(BIN)/specbench run benches/mtp-vllm-cpu-eagle3.toml $(ARGS)
+	$(BIN)/specbench report results/mtp-cpu results/mtp-vllm-cpu results/mtp-vllm-cpu-eagle3
 
 # the same capacity search run twice (ARGS="--runs 3"): how far apart its capacities land here (~21 min)
 bench-capacity: $(STAMP) engine-vllm

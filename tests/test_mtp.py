@@ -245,6 +245,15 @@ def test_heads_train_kind_mtp_makes_a_model_a_run_drafts_with(project):
     assert (points["status"] == "ok").all() and len(points) == 6
     greedy = points[(points["method"] == "mtp") & (points["temperature"] == 0)]
     assert greedy["outputs_match_baseline"].all() and (greedy["acceptance_rate"] > 0).all()
+    # tune searches the number of speculative tokens like any draft's gamma, and recommends the engines' MTP flags
+    tuned = CliRunner().invoke(app, ["tune", "tiny.toml", "--trials", "3", "--out", "tuned"])
+    assert tuned.exit_code == 0, tuned.output
+    choice = json.loads((project / "tuned" / "recommendation.json").read_text())["temperatures"][0]
+    if choice["speculate"]:
+        settings = choice["engine_settings"]
+        assert settings["vllm"]["speculative_config"]["method"] == "mtp"
+        assert settings["sglang"]["args"][:4] == ["--speculative-algorithm", "NEXTN",
+                                                  "--speculative-draft-model-path", str(project / "mimo")]
 
 
 def test_target_mtp_trained_serves_every_point_with_the_mtp_model(project, monkeypatch):

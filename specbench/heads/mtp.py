@@ -4,9 +4,11 @@ continuations, held-out split, settings and cache), and the target made a MiMo m
 
 The layer reads the target's last hidden state before its final norm and the next token's embedding; it is trained
 with the target frozen by the EAGLE-3 trainer's training-time test (`HeadSettings.ttt_steps` chained steps, each
-reading the layer's own output of the step before), against the target's greedy token two positions on. It starts
-from the target's last decoder layer and final norm (DeepSeek-V3's recipe). The cached folder is the whole model:
-the target's weights, exactly (q/k/v biases zero where the target has none), plus the layer."""
+reading the layer's own output of the step before), against the target's greedy token two positions on: the loss
+over the draft vocabulary's rows of the lm_head (`--draft-vocab-size`, the ids the target chooses most, as the
+EAGLE-3 head's; a CPU cannot afford 49,152 rows three times a token), the drafting and the agreement over all of
+them. It starts from the target's last decoder layer and final norm (DeepSeek-V3's recipe). The cached folder is the
+whole model: the target's weights, exactly (q/k/v biases zero where the target has none), plus the layer."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from dataclasses import asdict
 import torch
 
 from specbench.decoding import devices
-from specbench.heads.data import split_held_out
+from specbench.heads.data import IGNORE, draft_vocabulary, split_held_out
 from specbench.heads.distill import (REPORT_FILE, Observer, frozen_embedding, head_key, heads_dir, read_report,
                                      store_files, target_examples)
 from specbench.heads.settings import HeadReport, HeadSettings
@@ -64,17 +66,22 @@ def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_de
     layer = new_layer(model).to(torch_device)
     embed = frozen_embedding(model)
     lm_head_weight = model.get_output_embeddings().weight.detach().float()
+    # the loss over the draft vocabulary's rows of the lm_head only (the ids the target chooses most, as the EAGLE-3
+    # head's): a training cost, not a drafting one (the layer drafts over the whole vocabulary); 0: all of it
+    vocab, to_draft, coverage = _draft_vocabulary(train_set, held_set, size=settings.draft_vocab_size,
+                                                  vocab_size=lm_head_weight.shape[0])
+    train_weight = lm_head_weight[vocab.to(lm_head_weight.device)] if vocab is not None else lm_head_weight
     steps = settings.ttt_steps
-    batch = {"batch_tokens": settings.batch_tokens, "steps": steps, "to_draft": None, "device": torch_device}
+    batch = {"batch_tokens": settings.batch_tokens, "steps": steps, "to_draft": to_draft, "device": torch_device}
     train_batches, held_batches = make_batches(train_set, **batch), make_batches(held_set, **batch)
-    measure = {"embed": embed, "lm_head_weight": lm_head_weight, "steps": steps}
+    measure = {"embed": embed, "lm_head_weight": lm_head_weight, "steps": steps}  # agreement: the whole vocabulary
     untrained = agreement(layer, held_batches, **measure)
 
     train = TrainSettings(epochs=settings.epochs, batch_tokens=settings.batch_tokens,
                           learning_rate=settings.learning_rate, ttt_steps=steps, seed=settings.seed)
     observer.phase("training", settings.epochs * len(train_batches))
     clock = time.perf_counter()
-    losses = fit(layer, train_batches, settings=train, embed=embed, lm_head_weight=lm_head_weight,
+    losses = fit(layer, train_batches, settings=train, embed=embed, lm_head_weight=train_weight,
                  on_step=lambda loss: observer.advance(note=f"loss {loss:.3f}"))
     devices.synchronize(torch_device)
     seconds["train"] = time.perf_counter() - clock
@@ -84,7 +91,7 @@ def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_de
     report = HeadReport(
         folder=str(folder), target=target, target_identity=loaded.identity, settings={**asdict(settings), "kind": KIND},
         device=str(torch_device), agreement=held_agreement, agreement_untrained=untrained,
-        train_agreement=train_agreement, draft_vocab_coverage=1.0, losses=(losses[0], losses[-1]),
+        train_agreement=train_agreement, draft_vocab_coverage=coverage, losses=(losses[0], losses[-1]),
         examples={"train_prompts": len(train_set), "held_out_prompts": len(held_set),
                   "train_tokens": sum(e.length for e in train_set), "held_out_tokens": sum(e.length for e in held_set),
                   "generated_tokens": sum(len(c) for c in continuations)},
@@ -93,3 +100,16 @@ def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_de
     source = {"specbench_mtp": {"target": target, "target_identity": loaded.identity}}
     store_files(lambda tmp: write_mtp_model(target_folder, [layer.cpu()], tmp, extra=source), report, folder)
     return report
+
+
+def _draft_vocabulary(train_set, held_set, *, size: int, vocab_size: int):
+    """(ids, target id -> draft id, share of the held-out choices inside) of the `size` ids the target chooses most
+    in training; (None, None, 1.0) for the whole vocabulary."""
+    if not size or size >= vocab_size:
+        return None, None, 1.0
+    vocab = draft_vocabulary(train_set, size=size, vocab_size=vocab_size)
+    to_draft = torch.full((vocab_size,), IGNORE, dtype=torch.long)
+    to_draft[vocab] = torch.arange(vocab.shape[0])
+    labels = torch.cat([e.labels[e.prompt_tokens : -1] for e in held_set]) if held_set else torch.empty(0, dtype=torch.long)
+    coverage = float((to_draft[labels] != IGNORE).float().mean()) if labels.numel() else float("nan")
+    return vocab, to_draft, coverage

@@ -66,6 +66,10 @@ def engine_settings(row: dict[str, Any] | None, *, target: str, temperature: flo
     elif row["method"] == "ngram":
         generate = {**sampling, "prompt_lookup_num_tokens": int(row["gamma"]),
                     "max_matching_ngram_size": int(row["ngram_max"])}
+    elif row["method"] != "draft":  # heads and MTP layers: the engines' methods
+        generate = sampling
+        notes.append(f"transformers: generate() drafts with a draft model or prompt lookup, not {row['method']}: "
+                     "serve the recommendation with an engine above")
     else:
         generate = {**sampling, "assistant_model": hub_reference(row["draft_model"]), "num_assistant_tokens": int(row["gamma"]),
                     "num_assistant_tokens_schedule": "constant"}
