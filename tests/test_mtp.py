@@ -256,6 +256,17 @@ def test_heads_train_kind_mtp_makes_a_model_a_run_drafts_with(project):
                                                   "--speculative-draft-model-path", str(project / "mimo")]
 
 
+def test_a_target_mimos_format_cannot_hold_is_refused_before_distilling(project):
+    config = json.loads((project / "target" / "config.json").read_text())
+    (project / "target" / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neox"}))
+    result = CliRunner().invoke(app, ["heads", "train", "--kind", "mtp", "--target", "./target", "--workload",
+                                      "prompts.jsonl"])
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and len(errors) == 1, result.output
+    assert 'model_type: "gpt_neox": specbench makes MTP models of LlamaForCausalLM and Qwen2ForCausalLM' in errors[0]
+    assert not (project / "cache" / "heads").exists() or not any((project / "cache" / "heads").iterdir())
+
+
 def test_target_mtp_trained_serves_every_point_with_the_mtp_model(project, monkeypatch):
     """target.mtp = "trained:quick": the MTP model distilled first (the preset's settings), then every point, the
     baseline's too, runs it; a second run takes it from the cache."""

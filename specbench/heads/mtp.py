@@ -25,7 +25,7 @@ from specbench.heads.distill import (REPORT_FILE, Observer, frozen_embedding, he
 from specbench.heads.settings import HeadReport, HeadSettings
 from specbench.heads.train import TrainSettings, agreement, fit, make_batches
 from specbench.models.load import hf_folder, load_model, load_tokenizer
-from specbench.models.mtp import new_layer, write_mtp_model
+from specbench.models.mtp import check_convertible, new_layer, write_mtp_model
 
 KIND = "mtp"
 
@@ -53,6 +53,7 @@ def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_de
             dtype: torch.dtype, folder) -> HeadReport:
     started = time.perf_counter()
     target_folder = hf_folder(target)  # a GGUF converted once: the weights the MTP model copies
+    check_convertible(target_folder)  # before minutes of distillation
     observer.message(f"loading target {target}")
     loaded = load_model(target, device=torch_device, dtype=dtype)
     model = loaded.model

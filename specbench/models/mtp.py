@@ -208,6 +208,17 @@ def load_mtp_layers(folder: Path, target_config: Any, *, device: torch.device | 
 # --- writing: a target made a MiMo model with MTP layers --------------------------------------------------------
 
 
+def check_convertible(target_folder: Path) -> dict[str, Any]:
+    """The target folder's config, where MiMo's format can hold its layers; HeadError naming model_type otherwise."""
+    data = read_folder_config(target_folder)
+    model_type = data.get("model_type")
+    if model_type not in CONVERTIBLE:
+        raise HeadError(f"{Path(target_folder) / 'config.json'}: model_type: {json.dumps(model_type)}: specbench makes "
+                        f"MTP models of {' and '.join(CONVERTIBLE.values())} targets (their layers are Qwen2's, which "
+                        "MiMo's format holds); use a target of those families")
+    return data
+
+
 def write_mtp_model(target_folder: Path, layers: list[MtpLayer], out: Path, *, extra: dict[str, Any] | None = None
                     ) -> Path:
     """The target's folder (Llama or Qwen2) written to `out` as a MiMoForCausalLM with `layers`: its tensors under
@@ -218,12 +229,7 @@ def write_mtp_model(target_folder: Path, layers: list[MtpLayer], out: Path, *, e
     from safetensors.torch import save_file
 
     target_folder, out = Path(target_folder), Path(out)
-    data = read_folder_config(target_folder)
-    model_type = data.get("model_type")
-    if model_type not in CONVERTIBLE:
-        raise HeadError(f"{target_folder / 'config.json'}: model_type: {json.dumps(model_type)}: specbench makes MTP "
-                        f"models of {' and '.join(CONVERTIBLE.values())} targets (their layers are Qwen2's, which "
-                        "MiMo's format holds); use a target of those families")
+    data = check_convertible(target_folder)
     tensors: dict[str, torch.Tensor] = {}
     for path in sorted(target_folder.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as file:
