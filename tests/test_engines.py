@@ -39,7 +39,7 @@ def test_vllm_reports_each_requests_acceptance_where_it_can():
 
 
 def test_heads_and_mtp_map_to_each_engines_flags():
-    """EAGLE-3 and MTP run for real on vLLM (test_eagle3_engines.py, test_mtp_engines.py); SGLang's and llama.cpp's
+    """EAGLE-3 and MTP run for real on vLLM (test_eagle3_engines.py); SGLang's and llama.cpp's
     mappings are checked here, by argv. SGLang's NEXTN is given the target as the path of its MTP layers (it fills that
     in itself only for DeepSeek-V3-like architectures, not MiMo's); vLLM and llama.cpp read them from the target."""
     vllm, sglang, llama = ENGINES["vllm"], ENGINES["sglang"], ENGINES["llama.cpp"]

@@ -1,7 +1,7 @@
 """MTP: a target written in MiMo's format (exactly the same model), its MTP layer's names and refusals, the native
 proposer (greedy equality, the training unroll's drafts, the target's exact distribution, a broken rule caught),
 `specbench heads train --kind mtp` and `target.mtp = "trained:PRESET"` end to end on a tiny target, and the profile's
-one-line refusals. On a real engine: tests/test_mtp_engines.py."""
+one-line refusals. On a real engine: tests/test_eagle3_engines.py (the MTP model natively and on vLLM CPU)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,11 +62,7 @@ def train_head(target: str, *, settings: HeadSettings, observer: Observer, devic
     """The head for `target` under `settings`: from the cache (the target's weights are not loaded: its identity
     comes with its tokenizer), or distilled now and cached. A distillation's target is freed, and on CUDA the
     allocator's cache emptied, before this returns: an engine launched next finds the memory free."""
-    settings.check()
-    torch_device = devices.resolve_device(device)
-    dtype = devices.resolve_dtype("auto", torch_device)
-    _, identity = load_tokenizer(target)  # the identity load_model reports
-    folder = heads_dir() / head_key(identity, settings, device=torch_device, dtype=dtype)[:16]
+    folder, torch_device, dtype = cache_entry(target, settings, kind=None, device=device)
     if (note := smoke_test_note(settings)) is not None:
         observer.message(note)
     if not fresh and (folder / REPORT_FILE).is_file():
@@ -77,6 +73,19 @@ def train_head(target: str, *, settings: HeadSettings, observer: Observer, devic
     if torch_device.type == "cuda":
         torch.cuda.empty_cache()
     return report
+
+
+def cache_entry(target: str, settings: HeadSettings, *, kind: str | None, device: str
+                ) -> tuple[Path, torch.device, torch.dtype]:
+    """Where the cache keeps what `kind` distils for `target` under `settings` (the EAGLE-3 head's: no prefix), keyed
+    by the target's identity (its tokenizer's: no weights loaded), the settings, device and dtype; and that device
+    and dtype. ValueError (HeadError) naming a setting that is out of range."""
+    settings.check()
+    torch_device = devices.resolve_device(device)
+    dtype = devices.resolve_dtype("auto", torch_device)
+    _, identity = load_tokenizer(target)  # the identity load_model reports
+    key = head_key(identity, settings, device=torch_device, dtype=dtype)[:16]
+    return heads_dir() / (f"{kind}-{key}" if kind else key), torch_device, dtype
 
 
 def smoke_test_note(settings: HeadSettings) -> str | None:
@@ -111,34 +120,65 @@ def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_de
     embed = frozen_embedding(model)
     lm_head_weight = (head.lm_head.weight if head.lm_head is not None
                       else model.get_output_embeddings().weight.detach().float())
+    trained = fit_measured(head, train_set, held_set, settings=settings, to_draft=to_draft, embed=embed,
+                           lm_head_weight=lm_head_weight, observer=observer, torch_device=torch_device)
+    report = head_report(trained, folder=folder, target=target, loaded=loaded, settings=asdict(settings),
+                         coverage=coverage, continuations=continuations, seconds=seconds, started=started,
+                         torch_device=torch_device)
+    _store(head, report, folder)
+    return report
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What `fit_measured` did: the loss of every optimizer step, top-1 agreement per draft position (held out,
+    untrained; held out, trained; on the training prompts), the seconds training took, and the example counts."""
+
+    losses: list[float]
+    untrained: tuple[float, ...]
+    held_out: tuple[float, ...]
+    train: tuple[float, ...]
+    train_s: float
+    examples: dict[str, int]
+
+
+def fit_measured(head, train_set: list[Example], held_set: list[Example], *, settings: HeadSettings,
+                 to_draft: torch.Tensor | None, embed, lm_head_weight: torch.Tensor, observer: Observer,
+                 torch_device: torch.device, train_weight: torch.Tensor | None = None) -> Trained:
+    """Train a head that drafts by the training-time test (an EAGLE-3 head, an MTP layer) on `train_set`, its
+    agreement measured with `lm_head_weight` before and after; the loss over `train_weight`'s rows (default:
+    `lm_head_weight`'s), the labels mapped by `to_draft`."""
     steps = settings.ttt_steps
     batch = {"batch_tokens": settings.batch_tokens, "steps": steps, "to_draft": to_draft, "device": torch_device}
     train_batches, held_batches = make_batches(train_set, **batch), make_batches(held_set, **batch)
     measure = {"embed": embed, "lm_head_weight": lm_head_weight, "steps": steps}
     untrained = agreement(head, held_batches, **measure)
-
     train = TrainSettings(epochs=settings.epochs, batch_tokens=settings.batch_tokens,
                           learning_rate=settings.learning_rate, ttt_steps=steps, seed=settings.seed)
     observer.phase("training", settings.epochs * len(train_batches))
     clock = time.perf_counter()
-    losses = fit(head, train_batches, settings=train, embed=embed, lm_head_weight=lm_head_weight,
+    losses = fit(head, train_batches, settings=train, embed=embed,
+                 lm_head_weight=lm_head_weight if train_weight is None else train_weight,
                  on_step=lambda loss: observer.advance(note=f"loss {loss:.3f}"))
     devices.synchronize(torch_device)
-    seconds["train"] = time.perf_counter() - clock
-    held_agreement, train_agreement = agreement(head, held_batches, **measure), agreement(head, train_batches, **measure)
-    seconds["total"] = time.perf_counter() - started
+    train_s = time.perf_counter() - clock
+    examples = {"train_prompts": len(train_set), "held_out_prompts": len(held_set),
+                "train_tokens": sum(e.length for e in train_set), "held_out_tokens": sum(e.length for e in held_set)}
+    return Trained(losses, untrained, agreement(head, held_batches, **measure), agreement(head, train_batches, **measure),
+                   train_s, examples)
 
-    report = HeadReport(
-        folder=str(folder), target=target, target_identity=loaded.identity, settings=asdict(settings),
-        device=str(torch_device), agreement=held_agreement, agreement_untrained=untrained,
-        train_agreement=train_agreement, draft_vocab_coverage=coverage, losses=(losses[0], losses[-1]),
-        examples={"train_prompts": len(train_set), "held_out_prompts": len(held_set),
-                  "train_tokens": sum(e.length for e in train_set), "held_out_tokens": sum(e.length for e in held_set),
-                  "generated_tokens": sum(len(c) for c in continuations)},
-        seconds=seconds,
+
+def head_report(trained: Trained, *, folder: Path, target: str, loaded, settings: dict[str, Any], coverage: float,
+                continuations: list[list[int]], seconds: dict[str, float], started: float,
+                torch_device: torch.device) -> HeadReport:
+    return HeadReport(
+        folder=str(folder), target=target, target_identity=loaded.identity, settings=settings,
+        device=str(torch_device), agreement=trained.held_out,
+        agreement_untrained=trained.untrained, train_agreement=trained.train, draft_vocab_coverage=coverage,
+        losses=(trained.losses[0], trained.losses[-1]),
+        examples={**trained.examples, "generated_tokens": sum(len(c) for c in continuations)},
+        seconds={**seconds, "train": trained.train_s, "total": time.perf_counter() - started},
     )
-    _store(head, report, folder)
-    return report
 
 
 def target_examples(loaded, *, settings: HeadSettings, observer: Observer, torch_device: torch.device,

@@ -14,10 +14,10 @@ import torch
 
 from specbench.decoding import devices
 from specbench.heads.data import IGNORE, Example, split_held_out
-from specbench.heads.distill import (REPORT_FILE, Observer, head_key, heads_dir, read_report, store_files,
+from specbench.heads.distill import (REPORT_FILE, Observer, cache_entry, read_report, store_files,
                                      target_examples)
 from specbench.heads.settings import HeadReport, HeadSettings
-from specbench.models.load import load_model, load_tokenizer
+from specbench.models.load import load_model
 from specbench.models.medusa import MedusaHeads, save_medusa
 
 KIND = "medusa"
@@ -26,11 +26,7 @@ KIND = "medusa"
 def train_medusa(target: str, *, settings: HeadSettings, observer: Observer, device: str = "auto",
                  fresh: bool = False) -> HeadReport:
     """Medusa heads for `target` under `settings`: from the cache, or distilled now and cached."""
-    settings.check()
-    torch_device = devices.resolve_device(device)
-    dtype = devices.resolve_dtype("auto", torch_device)
-    _, identity = load_tokenizer(target)
-    folder = heads_dir() / f"{KIND}-{head_key(identity, settings, device=torch_device, dtype=dtype)[:16]}"
+    folder, torch_device, dtype = cache_entry(target, settings, kind=KIND, device=device)
     if not fresh and (folder / REPORT_FILE).is_file():
         return read_report(folder)
     started = time.perf_counter()

@@ -18,13 +18,11 @@ from dataclasses import asdict
 
 import torch
 
-from specbench.decoding import devices
 from specbench.heads.data import IGNORE, draft_vocabulary, split_held_out
-from specbench.heads.distill import (REPORT_FILE, Observer, frozen_embedding, head_key, heads_dir, read_report,
-                                     store_files, target_examples)
+from specbench.heads.distill import (REPORT_FILE, Observer, cache_entry, fit_measured, frozen_embedding, head_report,
+                                     read_report, store_files, target_examples)
 from specbench.heads.settings import HeadReport, HeadSettings
-from specbench.heads.train import TrainSettings, agreement, fit, make_batches
-from specbench.models.load import hf_folder, load_model, load_tokenizer
+from specbench.models.load import hf_folder, load_model
 from specbench.models.mtp import check_convertible, new_layer, write_mtp_model
 
 KIND = "mtp"
@@ -34,11 +32,7 @@ def train_mtp(target: str, *, settings: HeadSettings, observer: Observer, device
               fresh: bool = False) -> HeadReport:
     """The MTP model for `target` under `settings`: from the cache, or distilled now and cached. Its folder
     (`report.folder`) is a model: point target.model at it, or write target.mtp = "trained:PRESET"."""
-    settings.check()
-    torch_device = devices.resolve_device(device)
-    dtype = devices.resolve_dtype("auto", torch_device)
-    _, identity = load_tokenizer(target)
-    folder = heads_dir() / f"{KIND}-{head_key(identity, settings, device=torch_device, dtype=dtype)[:16]}"
+    folder, torch_device, dtype = cache_entry(target, settings, kind=KIND, device=device)
     if not fresh and (folder / REPORT_FILE).is_file():
         return read_report(folder)
     report = _distil(target, settings=settings, observer=observer, torch_device=torch_device, dtype=dtype,
@@ -65,39 +59,18 @@ def _distil(target: str, *, settings: HeadSettings, observer: Observer, torch_de
 
     torch.manual_seed(settings.seed)
     layer = new_layer(model).to(torch_device)
-    embed = frozen_embedding(model)
     lm_head_weight = model.get_output_embeddings().weight.detach().float()
     # the loss over the draft vocabulary's rows of the lm_head only (the ids the target chooses most, as the EAGLE-3
     # head's): a training cost, not a drafting one (the layer drafts over the whole vocabulary); 0: all of it
     vocab, to_draft, coverage = _draft_vocabulary(train_set, held_set, size=settings.draft_vocab_size,
                                                   vocab_size=lm_head_weight.shape[0])
-    train_weight = lm_head_weight[vocab.to(lm_head_weight.device)] if vocab is not None else lm_head_weight
-    steps = settings.ttt_steps
-    batch = {"batch_tokens": settings.batch_tokens, "steps": steps, "to_draft": to_draft, "device": torch_device}
-    train_batches, held_batches = make_batches(train_set, **batch), make_batches(held_set, **batch)
-    measure = {"embed": embed, "lm_head_weight": lm_head_weight, "steps": steps}  # agreement: the whole vocabulary
-    untrained = agreement(layer, held_batches, **measure)
-
-    train = TrainSettings(epochs=settings.epochs, batch_tokens=settings.batch_tokens,
-                          learning_rate=settings.learning_rate, ttt_steps=steps, seed=settings.seed)
-    observer.phase("training", settings.epochs * len(train_batches))
-    clock = time.perf_counter()
-    losses = fit(layer, train_batches, settings=train, embed=embed, lm_head_weight=train_weight,
-                 on_step=lambda loss: observer.advance(note=f"loss {loss:.3f}"))
-    devices.synchronize(torch_device)
-    seconds["train"] = time.perf_counter() - clock
-    held_agreement, train_agreement = agreement(layer, held_batches, **measure), agreement(layer, train_batches, **measure)
-    seconds["total"] = time.perf_counter() - started
-
-    report = HeadReport(
-        folder=str(folder), target=target, target_identity=loaded.identity, settings={**asdict(settings), "kind": KIND},
-        device=str(torch_device), agreement=held_agreement, agreement_untrained=untrained,
-        train_agreement=train_agreement, draft_vocab_coverage=coverage, losses=(losses[0], losses[-1]),
-        examples={"train_prompts": len(train_set), "held_out_prompts": len(held_set),
-                  "train_tokens": sum(e.length for e in train_set), "held_out_tokens": sum(e.length for e in held_set),
-                  "generated_tokens": sum(len(c) for c in continuations)},
-        seconds=seconds,
-    )
+    trained = fit_measured(layer, train_set, held_set, settings=settings, to_draft=to_draft,
+                           embed=frozen_embedding(model), lm_head_weight=lm_head_weight, observer=observer,
+                           torch_device=torch_device,
+                           train_weight=lm_head_weight[vocab.to(lm_head_weight.device)] if vocab is not None else None)
+    report = head_report(trained, folder=folder, target=target, loaded=loaded,
+                         settings={**asdict(settings), "kind": KIND}, coverage=coverage, continuations=continuations,
+                         seconds=seconds, started=started, torch_device=torch_device)
     source = {"specbench_mtp": {"target": target, "target_identity": loaded.identity}}
     store_files(lambda tmp: write_mtp_model(target_folder, [layer.cpu()], tmp, extra=source), report, folder)
     return report
