@@ -245,6 +245,7 @@ def test_heads_train_kind_mtp_makes_a_model_a_run_drafts_with(project):
     assert (points["status"] == "ok").all() and len(points) == 6
     greedy = points[(points["method"] == "mtp") & (points["temperature"] == 0)]
     assert greedy["outputs_match_baseline"].all() and (greedy["acceptance_rate"] > 0).all()
+    assert points.loc["mtp-g1-t0-p1", "max_gamma_predicted_speedup"] > 0  # predicted from gamma 3, as any draft's
     # tune searches the number of speculative tokens like any draft's gamma, and recommends the engines' MTP flags
     tuned = CliRunner().invoke(app, ["tune", "tiny.toml", "--trials", "3", "--out", "tuned"])
     assert tuned.exit_code == 0, tuned.output
