@@ -88,6 +88,7 @@ class Eagle3Proposer:
     """Drafts k tokens per step with an EAGLE-3 head attached to the target (hooks read its aux states)."""
 
     method = "eagle3"
+    drafter = "EAGLE-3 head"
 
     def __init__(self, head: "Eagle3Head | MtpLayer", target: nn.Module, *, device: torch.device, name: str | None = None,
                  aux: "AuxSource | None" = None):
@@ -97,7 +98,7 @@ class Eagle3Proposer:
         if aux is not None:
             if tuple(aux.aux_layers) != tuple(head.aux_layer_ids):
                 raise ValueError(f"the target keeps auxiliary states of layers {list(aux.aux_layers)}, the "
-                                 f"{self.method} drafter '{self.name}' reads layers {list(head.aux_layer_ids)}")
+                                 f"{self.drafter} '{self.name}' reads layers {list(head.aux_layer_ids)}")
             self.capture = aux
         else:
             self.capture = AuxCapture(target, head.aux_layer_ids)
@@ -154,3 +155,4 @@ class MtpProposer(Eagle3Proposer):
     before its final norm (its aux "layer" num_hidden_layers) where EAGLE-3 reads fc of three layers' states."""
 
     method = "mtp"
+    drafter = "MTP layer"
