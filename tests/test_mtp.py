@@ -255,6 +255,8 @@ def test_heads_train_kind_mtp_makes_a_model_a_run_drafts_with(project):
         assert settings["vllm"]["speculative_config"]["method"] == "mtp"
         assert settings["sglang"]["args"][:4] == ["--speculative-algorithm", "NEXTN",
                                                   "--speculative-draft-model-path", str(project / "mimo")]
+        assert "assistant_model" not in settings["transformers"]["generate_kwargs"]  # transformers has no MTP
+        assert any("not mtp" in note for note in settings["notes"])
 
 
 def test_a_target_mimos_format_cannot_hold_is_refused_before_distilling(project):

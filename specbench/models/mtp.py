@@ -29,17 +29,15 @@ from torch import nn
 from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm, Qwen2RotaryEmbedding, apply_rotary_pos_emb
 
+from specbench.models.eagle3 import Attend
+from specbench.models.eagle3_formats import WEIGHTS_FILE
 from specbench.models.errors import HeadError
 
 ARCHITECTURE = "MiMoForCausalLM"
 LAYERS_KEY = "num_nextn_predict_layers"
 PREFIX = "model.mtp_layers."
-WEIGHTS_FILE = "model.safetensors"
 # a target whose layers are Qwen2's up to biases: Llama's (no biases: zeros) and Qwen2's own
 CONVERTIBLE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-
-Attend = Any  # q, k, v -> attention output (specbench.models.eagle3.Attend)
-
 
 class MtpAttention(nn.Module):
     def __init__(self, config: Qwen2Config):
@@ -236,7 +234,7 @@ def write_mtp_model(target_folder: Path, layers: list[MtpLayer], out: Path, *, e
             tensors.update({name: file.get_tensor(name) for name in file.keys()})
     if not tensors:
         raise HeadError(f"{target_folder}: no .safetensors weights to convert")
-    config = mtp_config(type("Config", (), {"to_dict": lambda self: data})())
+    config = mtp_config(data)
     dtype = tensors["model.embed_tokens.weight"].dtype
     if "lm_head.weight" not in tensors:  # tied: MiMoMTP loads an lm_head of its own from the checkpoint
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()

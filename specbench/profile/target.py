@@ -20,8 +20,7 @@ class TargetSpec(Table):
     @field_validator("mtp")
     @classmethod
     def _mtp_preset(cls, value: str | None) -> str | None:
-        if value is not None and value.removeprefix(TRAINED_PREFIX) not in TRAINED_PRESETS or (
-                value is not None and not value.startswith(TRAINED_PREFIX)):
+        if value is not None and value not in {TRAINED_PREFIX + preset for preset in TRAINED_PRESETS}:
             presets = " or ".join(f'"{TRAINED_PREFIX}{p}"' for p in TRAINED_PRESETS)
             raise rule(f"must be {presets}: the MTP layer `specbench heads train --kind mtp` distils with its defaults "
                        f"or --quick (got {show(value)}); a model with MTP layers of its own needs no mtp key")
